@@ -1,0 +1,123 @@
+#include <ATen/ops/empty.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstring>
+#include <limits>
+
+#include "process_group/transport.h"
+
+namespace drpc {
+namespace {
+
+// Dense dtypes that may cross the wire; anything else in a header is malformed.
+bool is_wire_dtype(int32_t dtype) {
+  switch (static_cast<c10::ScalarType>(dtype)) {
+    case c10::ScalarType::Byte:
+    case c10::ScalarType::Char:
+    case c10::ScalarType::Short:
+    case c10::ScalarType::Int:
+    case c10::ScalarType::Long:
+    case c10::ScalarType::Half:
+    case c10::ScalarType::Float:
+    case c10::ScalarType::Double:
+    case c10::ScalarType::ComplexHalf:
+    case c10::ScalarType::ComplexFloat:
+    case c10::ScalarType::ComplexDouble:
+    case c10::ScalarType::Bool:
+    case c10::ScalarType::BFloat16:
+      return true;
+    default:
+      return false;
+  }
+}
+
+constexpr int kMaxDims = 64;
+
+}  // namespace
+
+size_t Frame::body_size() const {
+  size_t total = 0;
+  for (const auto& span : body) total += span.size;
+  return total;
+}
+
+void Frame::copy_body(size_t offset, void* dst, size_t len) const {
+  auto* out = static_cast<uint8_t*>(dst);
+  for (const auto& span : body) {
+    if (len == 0) return;
+    if (offset >= span.size) {
+      offset -= span.size;
+      continue;
+    }
+    const size_t n = std::min(len, span.size - offset);
+    std::memcpy(out, span.data + offset, n);
+    out += n;
+    len -= n;
+    offset = 0;
+  }
+  if (len != 0) throw Error(ErrorKind::kInternal, "frame body is shorter than its header says");
+}
+
+void describe_tensors(const std::vector<at::Tensor>& tensors, pg::FrameHeader* header) {
+  for (const auto& t : tensors) {
+    pg::TensorMeta* meta = header->add_tensors();
+    meta->set_dtype(static_cast<int32_t>(t.scalar_type()));
+    for (int64_t size : t.sizes()) meta->add_sizes(size);
+    meta->set_nbytes(t.nbytes());
+  }
+}
+
+void validate_frame(const pg::FrameHeader& header, size_t body_size) {
+  unsigned __int128 total = 0;
+  for (int i = 0; i < header.tensors_size(); ++i) {
+    const pg::TensorMeta& meta = header.tensors(i);
+    const std::string which = "frame tensor " + std::to_string(i) + ": ";
+    if (!is_wire_dtype(meta.dtype())) {
+      throw Error(ErrorKind::kProtocol, which + "unknown dtype " + std::to_string(meta.dtype()));
+    }
+    if (meta.sizes_size() > kMaxDims) {
+      throw Error(ErrorKind::kProtocol, which + "more than " + std::to_string(kMaxDims) + " dims");
+    }
+    unsigned __int128 bytes = c10::elementSize(static_cast<c10::ScalarType>(meta.dtype()));
+    for (int64_t size : meta.sizes()) {
+      if (size < 0) throw Error(ErrorKind::kProtocol, which + "negative size");
+      bytes *= static_cast<uint64_t>(size);
+      if (bytes > std::numeric_limits<uint64_t>::max()) {
+        throw Error(ErrorKind::kProtocol, which + "size overflows");
+      }
+    }
+    if (bytes != meta.nbytes()) {
+      throw Error(ErrorKind::kProtocol, which + "claims " + std::to_string(meta.nbytes()) +
+                                            " bytes for shape " + describe_meta(meta));
+    }
+    total += bytes;
+  }
+  if (total != body_size) {
+    throw Error(ErrorKind::kProtocol, "frame header describes " +
+                                          std::to_string(static_cast<uint64_t>(total)) +
+                                          " tensor bytes but " + std::to_string(body_size) +
+                                          " arrived");
+  }
+}
+
+std::string describe_meta(const pg::TensorMeta& meta) {
+  std::string out = is_wire_dtype(meta.dtype())
+                        ? c10::toString(static_cast<c10::ScalarType>(meta.dtype()))
+                        : "dtype" + std::to_string(meta.dtype());
+  out += "[";
+  for (int i = 0; i < meta.sizes_size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(meta.sizes(i));
+  }
+  return out + "]";
+}
+
+at::Tensor tensor_from_body(const Frame& frame, const pg::TensorMeta& meta, size_t offset) {
+  std::vector<int64_t> sizes(meta.sizes().begin(), meta.sizes().end());
+  at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(
+                                      static_cast<c10::ScalarType>(meta.dtype())));
+  frame.copy_body(offset, t.data_ptr(), meta.nbytes());
+  return t;
+}
+
+}  // namespace drpc

@@ -1,0 +1,26 @@
+#include "process_group/grpc_process_group.h"
+
+#include "process_group/collective_process_group.h"
+#include "process_group/grpc_transport.h"
+
+namespace drpc {
+
+std::unique_ptr<ProcessGroup> create_grpc_process_group(Store& store, int rank, int size,
+                                                        const GrpcProcessGroupOptions& options) {
+  GrpcTransportOptions transport;
+  transport.listen_host = options.listen_host;
+  transport.listen_port = options.listen_port;
+  transport.advertise_host = options.advertise_host;
+  transport.connect_timeout = options.timeout;
+  transport.token = options.token;
+  transport.group_name = options.group_name;
+  CollectiveOptions collective;
+  collective.timeout = options.timeout;
+  collective.ring_threshold_bytes = options.ring_threshold_bytes;
+  collective.chunk_bytes = options.chunk_bytes;
+  return create_collective_process_group(
+      [&](FrameSink& sink) { return create_grpc_transport(store, rank, size, transport, sink); },
+      collective);
+}
+
+}  // namespace drpc

@@ -1,0 +1,32 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "process_group/process_group.h"
+#include "process_group/store.h"
+
+namespace drpc {
+
+struct GrpcProcessGroupOptions {
+  std::string listen_host = "127.0.0.1";  // local jobs stay on loopback
+  int listen_port = 0;                    // 0: any free port
+  std::string advertise_host;             // what peers dial; empty: listen_host
+  // Start-up (all peers connected) and each collective's deadline.
+  std::chrono::milliseconds timeout{60000};
+  std::string token;                      // a shared secret every peer must present
+  std::string group_name = "default";
+  int64_t ring_threshold_bytes = 256 * 1024;
+  int64_t chunk_bytes = 4 << 20;
+};
+
+// Joins the group of `size` ranks rendezvousing through `store` (borrowed; used only
+// during the call: give each group its own prefix of a shared store). Returns once every
+// peer is connected. Throws kBadArgument for a rank out of range or taken twice, kTimeout
+// when peers do not appear in time, kPeerUnavailable when the store is gone.
+std::unique_ptr<ProcessGroup> create_grpc_process_group(Store& store, int rank, int size,
+                                                        const GrpcProcessGroupOptions& options);
+
+}  // namespace drpc

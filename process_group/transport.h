@@ -1,0 +1,84 @@
+#pragma once
+
+// Internal to //process_group: the byte-moving layer beneath CollectiveProcessGroup. A
+// Transport connects one rank to every other and carries frames (a small protobuf
+// header plus tensor bytes); the gRPC transport is the real one, the in-memory one serves
+// fast unit tests. No gRPC type appears here.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "process_group/proto/frame.pb.h"
+
+namespace drpc {
+
+struct ByteSpan {
+  const uint8_t* data;
+  size_t size;
+};
+
+// One received frame. `body` holds the bytes of header.tensors(), in order, in one or
+// more fragments that `keepalive` owns.
+struct Frame {
+  int source = -1;
+  pg::FrameHeader header;
+  std::vector<ByteSpan> body;
+  std::shared_ptr<void> keepalive;
+
+  size_t body_size() const;
+  // Copies `len` bytes from byte `offset` of the body to `dst`.
+  void copy_body(size_t offset, void* dst, size_t len) const;
+};
+
+// Where a transport delivers what arrives. Called on transport threads, in order per
+// source; implementations must not block for long.
+class FrameSink {
+ public:
+  virtual ~FrameSink() = default;
+  virtual void on_frame(Frame frame) = 0;
+  // The connection to `rank` is gone; called at most once per rank.
+  virtual void on_peer_failed(int rank, const Error& reason) = 0;
+};
+
+class Transport {
+ public:
+  Transport() = default;
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Sends `header` (whose `tensors` metas the caller filled, see describe_tensors) and the
+  // bytes of `tensors` (contiguous CPU tensors) to `dst`. Blocks until the network has
+  // taken the bytes; the tensors may then change. Thread-safe; sends to one peer are
+  // serialized and arrive in order. Throws kPeerUnavailable or kShutdown.
+  virtual void send(int dst, const pg::FrameHeader& header,
+                    const std::vector<at::Tensor>& tensors) = 0;
+
+  // Closes every connection; the sink receives nothing afterwards. Idempotent.
+  virtual void shutdown() = 0;
+};
+
+// Fills header->tensors with the dtype, shape and byte count of each tensor.
+void describe_tensors(const std::vector<at::Tensor>& tensors, pg::FrameHeader* header);
+
+// Checks that a frame's tensor metas are well formed and that their bytes add up to
+// `body_size` exactly; throws kProtocol naming what is wrong. Run on every frame that
+// arrives from the network, before anything is allocated for it.
+void validate_frame(const pg::FrameHeader& header, size_t body_size);
+
+// A human-readable dtype and shape, e.g. "Float[2, 3]".
+std::string describe_meta(const pg::TensorMeta& meta);
+
+// A new tensor with `meta`'s dtype and shape, holding the body bytes from `offset`.
+at::Tensor tensor_from_body(const Frame& frame, const pg::TensorMeta& meta, size_t offset);
+
+}  // namespace drpc
