@@ -160,10 +160,14 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
       at::Tensor work = tensor.contiguous();
       if (rank_ == root) {
         for (int peer : call.peers_from(rank_ + 1)) call.send(peer, work);
+        // The acknowledgements carry each receiver's descriptor: without them a root would
+        // never learn that a receiver disagreed on shape or dtype.
+        for (int peer : call.peers_from(rank_ + 1)) call.recv(peer);
       } else {
         Frame frame = call.recv(root);
         frame.copy_body(0, work.data_ptr(), work.nbytes());
         if (!work.is_same(tensor)) tensor.copy_(work);
+        call.send(root, at::Tensor());
       }
       return {};
     });
@@ -553,15 +557,17 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
     const auto key = std::make_pair(src, seq);
     while (true) {
       if (shut_down_) throw Error(ErrorKind::kShutdown, call.what() + ": " + shutdown_error().message());
+      // A peer's abort wins over frames already here, so that every rank that learns of
+      // it in time reports the same failure instead of completing half the job.
+      auto aborted = aborted_.find(seq);
+      if (aborted != aborted_.end()) {
+        throw Error(aborted->second.kind(), call.what() + " failed on " + aborted->second.message());
+      }
       auto it = collective_inbox_.find(key);
       if (it != collective_inbox_.end() && !it->second.empty()) {
         Frame frame = std::move(it->second.front());
         it->second.pop_front();
         return frame;
-      }
-      auto aborted = aborted_.find(seq);
-      if (aborted != aborted_.end()) {
-        throw Error(aborted->second.kind(), call.what() + " failed on " + aborted->second.message());
       }
       if (!dead_.empty()) {
         const auto& [peer, reason] = *dead_.begin();

@@ -1,0 +1,273 @@
+// The ProcessGroup conformance suite with ranks as threads over real gRPC on loopback,
+// for world sizes 1 to 4, with the default algorithms and with every allreduce forced
+// through the chunked ring; then the error cases.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <thread>
+
+#include "common/error.h"
+#include "process_group/grpc_process_group.h"
+#include "process_group/testing/conformance.h"
+#include "process_group/testing/thread_group.h"
+
+namespace drpc {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+using testing::ThreadGroup;
+
+GrpcProcessGroupOptions ring_options() {
+  GrpcProcessGroupOptions options;
+  options.ring_threshold_bytes = 0;  // every allreduce takes the ring...
+  options.chunk_bytes = 1000;        // ...in many odd-sized chunks
+  return options;
+}
+
+struct Param {
+  int world_size;
+  bool ring;
+  std::string case_name;
+};
+
+// One group per (world size, variant), kept for all the cases that use it.
+ThreadGroup& shared_group(int world_size, bool ring) {
+  static std::map<std::pair<int, bool>, ThreadGroup> groups;
+  auto key = std::make_pair(world_size, ring);
+  auto it = groups.find(key);
+  if (it == groups.end()) {
+    it = groups.emplace(key, testing::make_thread_group(
+                                 world_size, ring ? ring_options() : GrpcProcessGroupOptions{}))
+             .first;
+  }
+  return it->second;
+}
+
+class Conformance : public ::testing::TestWithParam<Param> {};
+
+TEST_P(Conformance, Case) {
+  const Param& p = GetParam();
+  ThreadGroup& group = shared_group(p.world_size, p.ring);
+  for (const auto& c : testing::conformance_cases(/*large_bytes=*/1 << 20)) {
+    if (c.name != p.case_name) continue;
+    for (const auto& failure : testing::run_on_ranks(group, c.run)) ADD_FAILURE() << failure;
+    return;
+  }
+  FAIL() << "no case " << p.case_name;
+}
+
+std::vector<Param> all_params() {
+  std::vector<Param> out;
+  for (bool ring : {false, true}) {
+    for (int world = 1; world <= 4; ++world) {
+      for (const auto& c : testing::conformance_cases()) {
+        if (world >= c.min_world_size) out.push_back({world, ring, c.name});
+      }
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(ThreadRanks, Conformance, ::testing::ValuesIn(all_params()),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           return std::string(info.param.ring ? "ring_" : "") + "world" +
+                                  std::to_string(info.param.world_size) + "_" + info.param.case_name;
+                         });
+
+// --- errors ----------------------------------------------------------------------------
+
+template <typename Fn>
+Error expect_error(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected a drpc::Error";
+  return Error(ErrorKind::kInternal, "no error was thrown");
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(ProcessGroupErrors, RankOutOfRange) {
+  auto store = create_in_memory_store();
+  Error e = expect_error([&] { create_grpc_process_group(*store, 3, 3, {}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(contains(e.what(), "rank 3")) << e.what();
+  e = expect_error([&] { create_grpc_process_group(*store, -1, 3, {}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+}
+
+TEST(ProcessGroupErrors, PeersThatNeverComeTimeOutAtStartUp) {
+  auto store = create_in_memory_store();
+  GrpcProcessGroupOptions options;
+  options.timeout = milliseconds(300);
+  const auto start = Clock::now();
+  Error e = expect_error([&] { create_grpc_process_group(*store, 0, 2, options); });
+  EXPECT_EQ(e.kind(), ErrorKind::kTimeout) << e.what();
+  EXPECT_LT(Clock::now() - start, milliseconds(5000));
+}
+
+// Ranks 0..n-1 run `fn`; each must throw an Error of `kind` whose message has `part`.
+void expect_error_on_every_rank(ThreadGroup& group, ErrorKind kind, const std::string& part,
+                                const std::function<void(ProcessGroup&)>& fn) {
+  auto failures = testing::run_on_ranks(group, [&](ProcessGroup& g) {
+    try {
+      fn(g);
+    } catch (const Error& e) {
+      if (e.kind() != kind || !contains(e.what(), part)) {
+        throw std::runtime_error(std::string("wrong error: ") + e.what());
+      }
+      return;
+    }
+    throw std::runtime_error("no error");
+  });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+TEST(ProcessGroupErrors, ShapeMismatchIsReportedOnEveryRank) {
+  for (bool ring : {false, true}) {
+    ThreadGroup group = testing::make_thread_group(3, ring ? ring_options() : GrpcProcessGroupOptions{});
+    const auto start = Clock::now();
+    expect_error_on_every_rank(group, ErrorKind::kMismatch, "Float[", [](ProcessGroup& g) {
+      at::Tensor t = at::ones({g.rank() == 2 ? 5000 : 4000});
+      g.allreduce(t, ReduceOp::kSum)->wait();
+    });
+    EXPECT_LT(Clock::now() - start, milliseconds(10000)) << "waited for the timeout instead of aborting";
+    // The group stays usable after a detected mismatch.
+    auto failures = testing::run_on_ranks(group, [](ProcessGroup& g) {
+      at::Tensor t = at::ones({10});
+      g.allreduce(t, ReduceOp::kSum)->wait();
+      if (!t.eq(3).all().item<bool>()) throw std::runtime_error("wrong sum after a mismatch");
+    });
+    for (const auto& f : failures) ADD_FAILURE() << f;
+  }
+}
+
+TEST(ProcessGroupErrors, DtypeAndOperationMismatches) {
+  ThreadGroup group = testing::make_thread_group(2);
+  expect_error_on_every_rank(group, ErrorKind::kMismatch, "Double[3]", [](ProcessGroup& g) {
+    at::Tensor t = at::ones({3}, g.rank() == 0 ? at::kFloat : at::kDouble);
+    g.allreduce(t, ReduceOp::kSum)->wait();
+  });
+  expect_error_on_every_rank(group, ErrorKind::kMismatch, "MAX", [](ProcessGroup& g) {
+    at::Tensor t = at::ones({3});
+    g.allreduce(t, g.rank() == 0 ? ReduceOp::kSum : ReduceOp::kMax)->wait();
+  });
+  expect_error_on_every_rank(group, ErrorKind::kMismatch, "broadcast", [](ProcessGroup& g) {
+    at::Tensor t = at::ones({3});
+    (g.rank() == 0 ? g.broadcast(t, 0) : g.allreduce(t, ReduceOp::kSum))->wait();
+  });
+}
+
+TEST(ProcessGroupErrors, CollectiveTimesOutAndTheLateRankLearnsWhy) {
+  GrpcProcessGroupOptions options;
+  options.timeout = milliseconds(300);
+  ThreadGroup group = testing::make_thread_group(2, options);
+  at::Tensor t = at::ones({4});
+  const auto start = Clock::now();
+  Error e = expect_error([&] { group.ranks[0]->allreduce(t, ReduceOp::kSum)->wait(); });
+  EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+  EXPECT_TRUE(contains(e.what(), "300 ms") && contains(e.what(), "rank 1")) << e.what();
+  EXPECT_LT(Clock::now() - start, milliseconds(5000));
+  // Rank 1 arrives late: it fails at once with rank 0's reason instead of waiting.
+  e = expect_error([&] { group.ranks[1]->allreduce(t, ReduceOp::kSum)->wait(); });
+  EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+  EXPECT_TRUE(contains(e.what(), "rank 0")) << e.what();
+}
+
+TEST(ProcessGroupErrors, PeerThatLeavesMidCollectiveFailsTheOthers) {
+  GrpcProcessGroupOptions options;
+  options.timeout = milliseconds(30000);
+  ThreadGroup group = testing::make_thread_group(3, options);
+  std::vector<at::Tensor> tensors = {at::ones({1 << 16}), at::ones({1 << 16})};
+  auto w0 = group.ranks[0]->allreduce(tensors[0], ReduceOp::kSum);
+  auto w1 = group.ranks[1]->allreduce(tensors[1], ReduceOp::kSum);
+  const auto start = Clock::now();
+  group.ranks[2]->shutdown();
+  for (auto& w : {w0, w1}) {
+    Error e = expect_error([&] { w->wait(milliseconds(10000)); });
+    EXPECT_EQ(e.kind(), ErrorKind::kPeerUnavailable) << e.what();
+    EXPECT_TRUE(contains(e.what(), "rank 2")) << e.what();
+  }
+  EXPECT_LT(Clock::now() - start, milliseconds(5000));
+  // Point-to-point with the gone rank fails too; with the live one it still works.
+  Error e = expect_error([&] { group.ranks[0]->recv({at::empty({1})}, 2, 1)->wait(milliseconds(5000)); });
+  EXPECT_EQ(e.kind(), ErrorKind::kPeerUnavailable);
+  group.ranks[1]->send({at::full({1}, 7.0)}, 0, 3)->wait();
+  at::Tensor got = at::empty({1});
+  group.ranks[0]->recv({got}, 1, 3)->wait(milliseconds(5000));
+  EXPECT_EQ(got.item<double>(), 7.0);
+}
+
+TEST(ProcessGroupErrors, BadArgumentsAreRejected) {
+  ThreadGroup group = testing::make_thread_group(2);
+  ProcessGroup& g = *group.ranks[0];
+  EXPECT_EQ(expect_error([&] { g.allreduce(at::ones({2}, at::kBool), ReduceOp::kAvg); }).kind(),
+            ErrorKind::kBadArgument);
+  EXPECT_EQ(expect_error([&] { g.send({at::ones({1})}, 0, 1); }).kind(), ErrorKind::kBadArgument);
+  EXPECT_EQ(expect_error([&] { g.send({at::ones({1})}, 5, 1); }).kind(), ErrorKind::kBadArgument);
+  EXPECT_EQ(expect_error([&] { g.broadcast(at::ones({1}), 2); }).kind(), ErrorKind::kBadArgument);
+  EXPECT_EQ(expect_error([&] { g.allreduce(at::Tensor(), ReduceOp::kSum); }).kind(), ErrorKind::kBadArgument);
+  // A receive whose preallocated tensor does not match what arrives.
+  group.ranks[1]->send({at::ones({3})}, 0, 9)->wait();
+  Error e = expect_error([&] { g.recv({at::empty({4})}, 1, 9)->wait(milliseconds(5000)); });
+  EXPECT_EQ(e.kind(), ErrorKind::kMismatch);
+  EXPECT_TRUE(contains(e.what(), "Float[4]") && contains(e.what(), "Float[3]")) << e.what();
+}
+
+TEST(ProcessGroupErrors, EverythingFailsAfterShutdown) {
+  ThreadGroup group = testing::make_thread_group(2);
+  ProcessGroup& g = *group.ranks[0];
+  auto pending = g.recv_any(5);
+  g.shutdown();
+  g.shutdown();  // idempotent
+  EXPECT_EQ(expect_error([&] { pending->wait(milliseconds(5000)); }).kind(), ErrorKind::kShutdown);
+  EXPECT_EQ(expect_error([&] { g.allreduce(at::ones({1}), ReduceOp::kSum)->wait(); }).kind(),
+            ErrorKind::kShutdown);
+  EXPECT_EQ(expect_error([&] { g.send_message(1, PgMessage{"x", {}}); }).kind(), ErrorKind::kShutdown);
+}
+
+TEST(ProcessGroupErrors, WrongTokenIsRefused) {
+  auto store = create_in_memory_store();
+  GrpcProcessGroupOptions good, bad;
+  good.token = "secret";
+  good.timeout = bad.timeout = milliseconds(3000);
+  bad.token = "guess";
+  std::unique_ptr<ProcessGroup> rank1;
+  std::thread t([&] {
+    try {
+      rank1 = create_grpc_process_group(*store, 1, 2, good);
+    } catch (const Error&) {
+    }
+  });
+  Error e = expect_error([&] { create_grpc_process_group(*store, 0, 2, bad); });
+  EXPECT_EQ(e.kind(), ErrorKind::kUnauthenticated) << e.what();
+  EXPECT_TRUE(contains(e.what(), "token")) << e.what();
+  t.join();
+  EXPECT_EQ(rank1, nullptr);
+}
+
+TEST(ProcessGroupBarrier, NoRankLeavesBeforeAllArrive) {
+  ThreadGroup group = testing::make_thread_group(4);
+  std::atomic<int> arrived{0};
+  auto failures = testing::run_on_ranks(group, [&](ProcessGroup& g) {
+    for (int round = 1; round <= 5; ++round) {
+      if (g.rank() == round % 4) std::this_thread::sleep_for(milliseconds(20));  // a straggler
+      arrived.fetch_add(1);
+      g.barrier()->wait();
+      if (arrived.load() < 4 * round) throw std::runtime_error("left the barrier early");
+      g.barrier()->wait();  // keeps the next round's increments out of this round's check
+    }
+  });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+}  // namespace
+}  // namespace drpc
