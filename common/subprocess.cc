@@ -1,0 +1,93 @@
+#include "common/subprocess.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+extern char** environ;
+
+namespace drpc {
+namespace {
+
+int decode_status(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+}  // namespace
+
+std::unique_ptr<Subprocess> Subprocess::start(const std::vector<std::string>& argv,
+                                              const std::vector<std::string>& extra_env) {
+  if (argv.empty()) throw std::runtime_error("Subprocess::start: empty argv");
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::vector<std::string> env_storage;
+  for (char** e = environ; *e; ++e) env_storage.emplace_back(*e);
+  for (const auto& e : extra_env) env_storage.push_back(e);
+  std::vector<char*> env;
+  for (auto& e : env_storage) env.push_back(e.data());
+  env.push_back(nullptr);
+
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, args[0], nullptr, &attr, args.data(), env.data());
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
+  }
+  return std::unique_ptr<Subprocess>(new Subprocess(pid));
+}
+
+Subprocess::~Subprocess() {
+  if (status_) return;
+  kill(SIGKILL);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+}
+
+std::optional<int> Subprocess::wait(std::chrono::milliseconds timeout) {
+  if (status_) return status_;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // A pidfd turns "the child exited" into an event to poll for, without a sleep loop.
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
+  while (true) {
+    int status = 0;
+    const pid_t done = waitpid(pid_, &status, WNOHANG);
+    if (done == pid_) {
+      if (pidfd >= 0) close(pidfd);
+      status_ = decode_status(status);
+      return status_;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      if (pidfd >= 0) close(pidfd);
+      return std::nullopt;
+    }
+    if (pidfd >= 0) {
+      pollfd fd{pidfd, POLLIN, 0};
+      poll(&fd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(left.count(), 10)));
+    }
+  }
+}
+
+void Subprocess::kill(int signal) {
+  if (status_) return;
+  ::kill(-pid_, signal);
+}
+
+}  // namespace drpc

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what drpc needs from Debian's packages (apt only, nothing else is downloaded).
+# Idempotent and quiet when everything is already there.
+#   tools/install_deps.sh            build and test dependencies
+#   tools/install_deps.sh --bench    also PyTorch's Python package, the benchmarks' peer
+#   tools/install_deps.sh --demo     also the Fashion-MNIST data set for the main job
+set -euo pipefail
+
+packages=(
+  bazel-bootstrap             # Bazel 4.2.3
+  g++
+  libtorch-dev                # libtorch 1.13 (CPU)
+  libgrpc++-dev protobuf-compiler-grpc
+  libprotobuf-dev protobuf-compiler
+  libgoogle-glog-dev libgflags-dev
+  libgtest-dev libgmock-dev
+  libbenchmark-dev
+  python3
+)
+for arg in "$@"; do
+  case "$arg" in
+    --bench) packages+=(python3-torch) ;;
+    --demo) packages+=(dataset-fashion-mnist) ;;
+    *) echo "install_deps.sh: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${packages[@]}"; do
+  [[ "$p" == \#* ]] && continue
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install_deps.sh: installing ${missing[*]}" >&2
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq >/dev/null
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install_deps.sh: done" >&2
