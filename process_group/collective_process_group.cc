@@ -236,8 +236,13 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
       header.set_kind(pg::FrameHeader::P2P);
       header.set_tag(tag);
       describe_tensors(contiguous, &header);
-      transport_->send(dst_rank, header, contiguous);
-      work->finish();
+      transport_->send(dst_rank, header, contiguous, [work](std::exception_ptr error) {
+        if (error) {
+          work->finish_with_error(error);
+        } else {
+          work->finish();
+        }
+      });
     } catch (const Error&) {
       work->finish_with_error(std::current_exception());
     }
@@ -303,7 +308,7 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
     return work;
   }
 
-  void send_message(int dst_rank, const PgMessage& message) override {
+  WorkPtr send_message(int dst_rank, const PgMessage& message) override {
     check_peer(dst_rank, "message destination");
     check_open();
     std::vector<at::Tensor> contiguous;
@@ -315,7 +320,15 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
     header.set_kind(pg::FrameHeader::MESSAGE);
     header.set_payload(message.header);
     describe_tensors(contiguous, &header);
-    transport_->send(dst_rank, header, contiguous);
+    auto work = std::make_shared<Work>("message to rank " + std::to_string(dst_rank));
+    transport_->send(dst_rank, header, contiguous, [work](std::exception_ptr error) {
+      if (error) {
+        work->finish_with_error(error);
+      } else {
+        work->finish();
+      }
+    });
+    return work;
   }
 
   void set_message_listener(MessageListener listener) override {
@@ -373,6 +386,8 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
       return out;
     }
 
+    // Queues `chunk` (undefined: an empty frame) for `dst`. Its bytes are read until
+    // flush() returns, so the caller must not change them before.
     void send(int dst, const at::Tensor& chunk) {
       pg::FrameHeader header;
       header.set_kind(pg::FrameHeader::COLLECTIVE);
@@ -381,10 +396,38 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
       std::vector<at::Tensor> tensors;
       if (chunk.defined()) tensors.push_back(chunk);
       describe_tensors(tensors, &header);
+      {
+        std::lock_guard<std::mutex> lock(sends_->mu);
+        ++sends_->pending;
+      }
+      auto sends = sends_;
+      auto on_sent = [sends](std::exception_ptr error) {
+        std::lock_guard<std::mutex> lock(sends->mu);
+        --sends->pending;
+        if (error && !sends->error) sends->error = error;
+        sends->cv.notify_all();
+      };
       try {
-        group_.transport_->send(dst, header, tensors);
+        group_.transport_->send(dst, header, tensors, on_sent);
       } catch (const Error& e) {
+        on_sent(nullptr);
         throw Error(e.kind(), what() + ": " + e.message());
+      }
+    }
+
+    // Waits until every frame sent so far has been written; rethrows a failed write.
+    void flush() {
+      std::unique_lock<std::mutex> lock(sends_->mu);
+      if (!sends_->cv.wait_until(lock, deadline_, [&] { return sends_->pending == 0; })) {
+        throw Error(ErrorKind::kTimeout, what() + ": sending did not finish within " +
+                                             std::to_string(group_.options_.timeout.count()) + " ms");
+      }
+      if (sends_->error) {
+        try {
+          std::rethrow_exception(sends_->error);
+        } catch (const Error& e) {
+          throw Error(e.kind(), what() + ": " + e.message());
+        }
       }
     }
 
@@ -404,10 +447,19 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
     uint64_t seq() const { return seq_; }
 
    private:
+    // Shared with the transport's completion callbacks, which may outlive the call.
+    struct Sends {
+      std::mutex mu;
+      std::condition_variable cv;
+      int pending = 0;
+      std::exception_ptr error;
+    };
+
     CollectiveProcessGroup& group_;
     const uint64_t seq_;
     const Descriptor desc_;
     const Clock::time_point deadline_;
+    std::shared_ptr<Sends> sends_ = std::make_shared<Sends>();
   };
 
   struct Task {
@@ -433,6 +485,7 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
         reduce_into(acc, value, op);
       }
     }
+    call.flush();  // peers may still be reading `work`
     work.view(-1).copy_(acc);
   }
 
@@ -460,6 +513,8 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
     const int prev = (rank_ + size_ - 1) % size_;
     at::Tensor scratch;
     for (int phase = 0; phase < 2; ++phase) {
+      // The allgather overwrites segments that the reduce-scatter sent.
+      if (phase == 1) call.flush();
       for (int step = 0; step < size_ - 1; ++step) {
         // Reduce-scatter: send seg r-s, reduce into seg r-s-1. Allgather: send seg r+1-s,
         // overwrite seg r-s with the fully reduced copy.
@@ -485,6 +540,7 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
         }
       }
     }
+    call.flush();  // the caller may change `work` (AVG divides it) once this returns
   }
 
   WorkPtr enqueue(const Descriptor& desc, std::function<std::vector<at::Tensor>(Call&)> body) {
@@ -513,7 +569,9 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
       }
       Call call(*this, task.seq, task.desc, Clock::now() + options_.timeout);
       try {
-        task.work->finish(task.body(call));
+        std::vector<at::Tensor> result = task.body(call);
+        call.flush();  // the caller may reuse its tensors once the work completes
+        task.work->finish(std::move(result));
       } catch (const Error& e) {
         abort_collective(task.seq, e);
         task.work->finish_with_error(std::current_exception());
@@ -545,7 +603,7 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_ || is_dead(peer)) continue;
       try {
-        transport_->send(peer, header, {});
+        transport_->send(peer, header, {}, nullptr);
       } catch (const Error&) {
         // That peer is gone too; it learns nothing more from us.
       }

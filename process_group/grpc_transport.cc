@@ -1,18 +1,17 @@
 #include "process_group/grpc_transport.h"
 
 #include <glog/logging.h>
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/impl/codegen/method_handler.h>
-#include <grpcpp/impl/codegen/rpc_method.h>
-#include <grpcpp/impl/codegen/rpc_service_method.h>
-#include <grpcpp/impl/codegen/sync_stream.h>
+#include <grpcpp/support/client_callback.h>
+#include <grpcpp/support/server_callback.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <map>
+#include <deque>
 #include <mutex>
-#include <set>
+#include <optional>
 #include <thread>
 
 namespace drpc {
@@ -20,6 +19,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using SendCallback = std::function<void(std::exception_ptr)>;
+using Buffer = grpc::ByteBuffer;
 
 constexpr char kExchangeMethod[] = "/drpc.pg.Peer/Exchange";
 // Tensors this small are copied next to the header: one slice is cheaper than a
@@ -27,105 +28,93 @@ constexpr char kExchangeMethod[] = "/drpc.pg.Peer/Exchange";
 constexpr size_t kInlineBytes = 16 * 1024;
 constexpr uint32_t kMaxHeaderBytes = 16 << 20;
 
-using Stream = grpc::internal::ReaderInterface<grpc::ByteBuffer>;
-
-// [u32 header length][header][small tensors] as one slice, then one slice per large
-// tensor pointing at its storage, kept alive until gRPC releases the slice.
-grpc::ByteBuffer encode_frame(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors) {
+// Appends one frame, [u32 header length][header][tensor bytes], to `slices`. Small tensors
+// are copied beside the header; large ones are slices over their own storage, which the
+// slice keeps alive until gRPC has written it.
+void encode_frame(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
+                  std::vector<grpc::Slice>* slices) {
   const size_t header_size = header.ByteSizeLong();
-  size_t inline_size = 0;
-  for (const auto& t : tensors) {
-    if (t.nbytes() <= kInlineBytes) inline_size += t.nbytes();
+  size_t head_size = 4 + header_size;
+  size_t i = 0;
+  // Copy the leading run of small tensors into the head slice.
+  for (; i < tensors.size() && tensors[i].nbytes() <= kInlineBytes; ++i) head_size += tensors[i].nbytes();
+  grpc_slice head = grpc_slice_malloc(head_size);
+  uint8_t* out = GRPC_SLICE_START_PTR(head);
+  const uint32_t len = static_cast<uint32_t>(header_size);
+  std::memcpy(out, &len, 4);  // little-endian hosts only (x86_64, aarch64)
+  header.SerializeWithCachedSizesToArray(out + 4);
+  out += 4 + header_size;
+  for (size_t j = 0; j < i; ++j) {
+    if (tensors[j].nbytes()) std::memcpy(out, tensors[j].data_ptr(), tensors[j].nbytes());
+    out += tensors[j].nbytes();
   }
-  std::vector<grpc::Slice> slices;
-  slices.reserve(tensors.size() + 1);
-  {
-    grpc_slice head = grpc_slice_malloc(4 + header_size + inline_size);
-    uint8_t* out = GRPC_SLICE_START_PTR(head);
-    const uint32_t len = static_cast<uint32_t>(header_size);
-    std::memcpy(out, &len, 4);  // little-endian hosts only (x86_64, aarch64)
-    header.SerializeWithCachedSizesToArray(out + 4);
-    out += 4 + header_size;
-    for (const auto& t : tensors) {
-      if (t.nbytes() <= kInlineBytes && t.nbytes() > 0) {
-        std::memcpy(out, t.data_ptr(), t.nbytes());
-        out += t.nbytes();
-      }
-    }
-    slices.emplace_back(head, grpc::Slice::STEAL_REF);
-  }
-  // Small tensors sit in the head slice in order; large ones follow it. Their relative
-  // order must match the metas, so large tensors are only allowed after all small ones
-  // when both kinds are present: otherwise everything is inlined.
-  bool large_seen = false;
-  bool order_ok = true;
-  for (const auto& t : tensors) {
-    if (t.nbytes() > kInlineBytes) {
-      large_seen = true;
-    } else if (large_seen && t.nbytes() > 0) {
-      order_ok = false;
+  slices->emplace_back(head, grpc::Slice::STEAL_REF);
+  for (; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    if (t.nbytes() == 0) continue;
+    if (t.nbytes() <= kInlineBytes) {
+      slices->emplace_back(t.data_ptr(), t.nbytes());  // copies
+    } else {
+      slices->emplace_back(t.data_ptr(), t.nbytes(),
+                           [](void* p) { delete static_cast<at::Tensor*>(p); }, new at::Tensor(t));
     }
   }
-  if (!order_ok) {
-    // Rare: fall back to one copied slice per tensor, in order.
-    slices.resize(1);
-    grpc_slice head = grpc_slice_malloc(4 + header_size);
-    uint8_t* out = GRPC_SLICE_START_PTR(head);
-    const uint32_t len = static_cast<uint32_t>(header_size);
-    std::memcpy(out, &len, 4);
-    header.SerializeWithCachedSizesToArray(out + 4);
-    slices[0] = grpc::Slice(head, grpc::Slice::STEAL_REF);
-    for (const auto& t : tensors) {
-      if (t.nbytes() > 0) slices.emplace_back(t.data_ptr(), t.nbytes());
-    }
-    return grpc::ByteBuffer(slices.data(), slices.size());
-  }
-  for (const auto& t : tensors) {
-    if (t.nbytes() <= kInlineBytes) continue;
-    auto* owner = new at::Tensor(t);
-    slices.emplace_back(t.data_ptr(), t.nbytes(),
-                        [](void* p) { delete static_cast<at::Tensor*>(p); }, owner);
-  }
-  return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-// Splits a received buffer into header and body without copying the body.
-Frame decode_frame(grpc::ByteBuffer& buffer, int source) {
+// Reads a gRPC message made of one or more frames, without copying tensor bytes.
+std::vector<Frame> decode_frames(Buffer& buffer, int source) {
   auto slices = std::make_shared<std::vector<grpc::Slice>>();
-  if (!buffer.Dump(slices.get()).ok()) throw Error(ErrorKind::kProtocol, "unreadable frame");
-  Frame frame;
-  frame.source = source;
+  if (!buffer.Dump(slices.get()).ok()) throw Error(ErrorKind::kProtocol, "unreadable message");
+  Frame all;  // the whole message as one span list, to read across slice boundaries
   for (const auto& s : *slices) {
-    if (s.size() > 0) frame.body.push_back(ByteSpan{s.begin(), s.size()});
+    if (s.size() > 0) all.body.push_back(ByteSpan{s.begin(), s.size()});
   }
-  frame.keepalive = slices;
-  const size_t total = frame.body_size();
-  if (total < 4) throw Error(ErrorKind::kProtocol, "frame shorter than its length prefix");
-  uint32_t header_size = 0;
-  frame.copy_body(0, &header_size, 4);
-  if (header_size > kMaxHeaderBytes || header_size > total - 4) {
-    throw Error(ErrorKind::kProtocol, "frame header length " + std::to_string(header_size) +
-                                          " exceeds the frame (" + std::to_string(total) + " bytes)");
-  }
-  std::string header_bytes(header_size, '\0');
-  frame.copy_body(4, header_bytes.data(), header_size);
-  if (!frame.header.ParseFromString(header_bytes)) {
-    throw Error(ErrorKind::kProtocol, "frame header is not a valid FrameHeader");
-  }
-  // Drop the prefix and header from the body spans.
-  size_t skip = 4 + header_size;
-  std::vector<ByteSpan> body;
-  for (const auto& span : frame.body) {
-    if (skip >= span.size) {
-      skip -= span.size;
-      continue;
+  const size_t total = all.body_size();
+  std::vector<Frame> frames;
+  size_t offset = 0;
+  while (offset < total) {
+    if (total - offset < 4) throw Error(ErrorKind::kProtocol, "frame shorter than its length prefix");
+    uint32_t header_size = 0;
+    all.copy_body(offset, &header_size, 4);
+    offset += 4;
+    if (header_size > kMaxHeaderBytes || header_size > total - offset) {
+      throw Error(ErrorKind::kProtocol, "frame header length " + std::to_string(header_size) +
+                                            " exceeds the message (" + std::to_string(total) + " bytes)");
     }
-    body.push_back(ByteSpan{span.data + skip, span.size - skip});
-    skip = 0;
+    Frame frame;
+    frame.source = source;
+    frame.keepalive = slices;
+    std::string header_bytes(header_size, '\0');
+    all.copy_body(offset, header_bytes.data(), header_size);
+    offset += header_size;
+    if (!frame.header.ParseFromString(header_bytes)) {
+      throw Error(ErrorKind::kProtocol, "frame header is not a valid FrameHeader");
+    }
+    uint64_t body_size = 0;
+    for (const auto& meta : frame.header.tensors()) {
+      if (meta.nbytes() > total - offset - body_size) {
+        throw Error(ErrorKind::kProtocol, "frame claims more tensor bytes than the message holds");
+      }
+      body_size += meta.nbytes();
+    }
+    validate_frame(frame.header, body_size);  // metas consistent with their byte counts
+    // The body: the spans of `all` covering [offset, offset + body_size).
+    size_t skip = offset, want = body_size;
+    for (const auto& span : all.body) {
+      if (want == 0) break;
+      if (skip >= span.size) {
+        skip -= span.size;
+        continue;
+      }
+      const size_t n = std::min(want, span.size - skip);
+      frame.body.push_back(ByteSpan{span.data + skip, n});
+      want -= n;
+      skip = 0;
+    }
+    offset += body_size;
+    frames.push_back(std::move(frame));
   }
-  frame.body = std::move(body);
-  validate_frame(frame.header, frame.body_size());
-  return frame;
+  return frames;
 }
 
 grpc::ChannelArguments channel_arguments() {
@@ -139,30 +128,167 @@ grpc::ChannelArguments channel_arguments() {
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 * 1024 * 1024 - 1);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 * 1024 * 1024);
-  args.SetInt(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 4 * 1024 * 1024);
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 1);
   return args;
 }
 
+// The outgoing side of one peer's stream: a queue of frames, written one gRPC message at
+// a time; whatever queued up while a write was in flight goes out together in the next.
+class Outbox {
+ public:
+  // `start_write` starts a write on the stream; it is called with no lock held.
+  void attach(std::function<void(Buffer*)> start_write) {
+    std::unique_lock<std::mutex> lock(mu_);
+    start_write_ = std::move(start_write);
+    maybe_start(lock);
+  }
+
+  // Queues a frame; throws if the stream is closed. See Transport::send.
+  void send(std::vector<grpc::Slice> slices, SendCallback on_sent) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closed_) throw *closed_;
+    for (auto& s : slices) queued_slices_.push_back(std::move(s));
+    queued_callbacks_.push_back(std::move(on_sent));
+    maybe_start(lock);
+  }
+
+  // The write started last has finished.
+  void on_write_done(bool ok, const std::function<Error()>& why_not) {
+    std::vector<SendCallback> done;
+    std::unique_lock<std::mutex> lock(mu_);
+    done.swap(in_flight_);
+    writing_ = false;
+    if (!ok && !closed_) close_locked(why_not());
+    std::exception_ptr error = closed_ && !ok ? std::make_exception_ptr(*closed_) : nullptr;
+    maybe_start(lock);  // unlocks
+    for (auto& cb : done) {
+      if (cb) cb(error);
+    }
+  }
+
+  // No more frames: queued ones fail with `why`. Returns whether a write is still in flight.
+  bool close(const Error& why) {
+    std::vector<SendCallback> failed;
+    bool writing;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!closed_) close_locked(why);
+      failed.swap(failed_);
+      writing = writing_;
+    }
+    auto error = std::make_exception_ptr(why);
+    for (auto& cb : failed) {
+      if (cb) cb(error);
+    }
+    return writing;
+  }
+
+  bool writing() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return writing_;
+  }
+
+ private:
+  void close_locked(const Error& why) {
+    closed_ = why;
+    queued_slices_.clear();
+    for (auto& cb : queued_callbacks_) failed_.push_back(std::move(cb));
+    queued_callbacks_.clear();
+  }
+
+  // Starts the next write if the stream is idle and frames wait. Releases the lock.
+  void maybe_start(std::unique_lock<std::mutex>& lock) {
+    if (writing_ || !start_write_ || queued_callbacks_.empty() || closed_) {
+      std::vector<SendCallback> failed;
+      failed.swap(failed_);
+      const std::optional<Error> why = closed_;
+      lock.unlock();
+      for (auto& cb : failed) {
+        if (cb) cb(std::make_exception_ptr(*why));
+      }
+      return;
+    }
+    writing_ = true;
+    buffer_ = Buffer(queued_slices_.data(), queued_slices_.size());
+    queued_slices_.clear();
+    in_flight_.swap(queued_callbacks_);
+    auto start = start_write_;
+    lock.unlock();
+    start(&buffer_);
+  }
+
+  std::mutex mu_;
+  // Guarded by mu_.
+  std::function<void(Buffer*)> start_write_;
+  std::vector<grpc::Slice> queued_slices_;
+  std::vector<SendCallback> queued_callbacks_;
+  std::vector<SendCallback> in_flight_;
+  std::vector<SendCallback> failed_;  // to be told, outside the lock
+  bool writing_ = false;
+  std::optional<Error> closed_;
+  Buffer buffer_;  // the message in flight; untouched until its write completes
+};
+
 class GrpcTransport;
 
-// The hand-written service: one bidirectional stream of raw ByteBuffers, so tensor bytes
-// are never copied into a protobuf.
-class PeerService final : public grpc::Service {
+// The dialling side of a pair's stream (this rank is the lower one).
+class ClientPeer final : public grpc::ClientBidiReactor<Buffer, Buffer> {
  public:
-  explicit PeerService(GrpcTransport* transport);
+  ClientPeer(GrpcTransport& transport, int peer, const std::string& address);
+  void start();
+  void cancel() { context_.TryCancel(); }
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnDone(const grpc::Status& status) override;
+
+ private:
+  GrpcTransport& transport_;
+  const int peer_;
+  grpc::ClientContext context_;
+  std::shared_ptr<grpc::Channel> channel_;
+  Buffer read_buffer_;
+  bool acknowledged_ = false;  // only touched by read callbacks, which never overlap
+};
+
+// The answering side of a pair's stream. Deletes itself when the call is done.
+class ServerPeer final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit ServerPeer(GrpcTransport& transport, grpc::GenericCallbackServerContext* context);
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnDone() override;
+
+ private:
+  void finish_once(const grpc::Status& status) {
+    if (!finished_.exchange(true)) Finish(status);
+  }
+
+  GrpcTransport& transport_;
+  grpc::GenericCallbackServerContext* context_;
+  Buffer read_buffer_;
+  int peer_ = -1;
+  std::atomic<bool> finished_{false};
+  std::atomic<bool> finish_when_written_{false};
+};
+
+class PeerService final : public grpc::CallbackGenericService {
+ public:
+  explicit PeerService(GrpcTransport& transport) : transport_(transport) {}
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override;
+
+ private:
+  GrpcTransport& transport_;
 };
 
 class GrpcTransport final : public Transport {
  public:
   GrpcTransport(Store& store, int rank, int size, const GrpcTransportOptions& options, FrameSink& sink)
-      : rank_(rank), size_(size), options_(options), sink_(sink), service_(this), peers_(size) {
+      : rank_(rank), size_(size), options_(options), sink_(sink), service_(*this) {
     if (size <= 0) throw Error(ErrorKind::kBadArgument, "world size must be positive, got " + std::to_string(size));
     if (rank < 0 || rank >= size) {
       throw Error(ErrorKind::kBadArgument, "rank " + std::to_string(rank) +
                                                " is out of range for world size " + std::to_string(size));
     }
-    for (auto& peer : peers_) peer = std::make_unique<Peer>();
+    for (int r = 0; r < size; ++r) peers_.push_back(std::make_unique<Peer>());
     try {
       start_server();
       rendezvous(store);
@@ -177,20 +303,12 @@ class GrpcTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void send(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors) override {
-    Peer& peer = *peers_.at(dst);
-    grpc::ByteBuffer buffer = encode_frame(header, tensors);
-    std::lock_guard<std::mutex> lock(peer.write_mu);
+  void send(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
+            SendCallback on_sent) override {
     if (stopping_) throw Error(ErrorKind::kShutdown, "rank " + std::to_string(rank_) + " is shutting down");
-    if (!peer.writer) {
-      throw Error(ErrorKind::kPeerUnavailable, "no connection to rank " + std::to_string(dst) + " (" +
-                                                   peer.address + ")");
-    }
-    if (!peer.writer(buffer)) {
-      peer.writer = nullptr;
-      throw Error(ErrorKind::kPeerUnavailable, "connection to rank " + std::to_string(dst) + " (" +
-                                                   peer.address + ") broke while sending");
-    }
+    std::vector<grpc::Slice> slices;
+    encode_frame(header, tensors, &slices);
+    peers_.at(dst)->outbox.send(std::move(slices), std::move(on_sent));
   }
 
   void shutdown() override {
@@ -200,91 +318,52 @@ class GrpcTransport final : public Transport {
       shut_down_ = true;
     }
     // Say goodbye first, so peers report an orderly leave rather than a broken link.
+    auto goodbyes = std::make_shared<std::atomic<int>>(0);
     pg::FrameHeader goodbye;
     goodbye.set_kind(pg::FrameHeader::GOODBYE);
     for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
+      if (r == rank_ || !is_connected(r)) continue;
       try {
-        send(r, goodbye, {});
+        goodbyes->fetch_add(1);
+        send(r, goodbye, {}, [this, goodbyes](std::exception_ptr) {
+          goodbyes->fetch_sub(1);
+          std::lock_guard<std::mutex> lock(mu_);
+          changed_.notify_all();
+        });
       } catch (const Error&) {
+        goodbyes->fetch_sub(1);
       }
     }
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      changed_.wait_for(lock, milliseconds(1000), [&] { return goodbyes->load() == 0; });
+    }
     stopping_ = true;
-    // TryCancel is thread-safe; no lock, since a writer may be blocked holding write_mu.
     for (auto& peer : peers_) {
-      if (peer->client_context) peer->client_context->TryCancel();
+      peer->outbox.close(Error(ErrorKind::kShutdown, "rank " + std::to_string(rank_) + " is shutting down"));
+      if (peer->client) peer->client->cancel();
     }
     if (server_) {
       server_->Shutdown(std::chrono::system_clock::now());
       server_->Wait();
     }
-    for (auto& peer : peers_) {
-      if (peer->reader.joinable()) peer->reader.join();
-    }
+    // Reactors refer to this object until their OnDone.
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [&] { return live_reactors_ == 0; });
   }
 
-  // Runs on a gRPC server thread for as long as a lower rank's stream lives.
-  grpc::Status serve(grpc::ServerContext* context,
-                     grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
-    grpc::ByteBuffer buffer;
-    if (!stream->Read(&buffer)) return grpc::Status(grpc::StatusCode::CANCELLED, "no hello");
-    int peer_rank = -1;
-    try {
-      Frame hello = decode_frame(buffer, -1);
-      const std::string problem = check_hello(hello.header);
-      if (!problem.empty()) {
-        LOG(WARNING) << "rank " << rank_ << ": refused a connection from " << context->peer() << ": "
-                     << problem;
-        return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, problem);
-      }
-      peer_rank = hello.header.rank();
-    } catch (const Error& e) {
-      LOG(WARNING) << "rank " << rank_ << ": refused a connection from " << context->peer() << ": "
-                   << e.what();
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e.what());
-    }
-    Peer& peer = *peers_[peer_rank];
-    {
-      std::lock_guard<std::mutex> lock(peer.write_mu);
-      if (!stream->Write(encode_frame(hello_header(), {}))) {
-        return grpc::Status(grpc::StatusCode::CANCELLED, "hello reply failed");
-      }
-      peer.address = context->peer();
-      peer.writer = [stream](const grpc::ByteBuffer& b) { return stream->Write(b); };
-    }
-    mark_connected(peer_rank);
-    read_loop(peer_rank, [stream](grpc::ByteBuffer* b) { return stream->Read(b); });
-    std::lock_guard<std::mutex> lock(peer.write_mu);
-    peer.writer = nullptr;  // the stream dies when this handler returns
-    return grpc::Status::OK;
+  // --- called by the reactors (gRPC threads) ------------------------------------------
+  void reactor_started() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++live_reactors_;
+  }
+  void reactor_done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    --live_reactors_;
+    changed_.notify_all();
   }
 
- private:
-  struct Peer {
-    std::mutex write_mu;
-    // Guarded by write_mu: writes one frame; null when not connected.
-    std::function<bool(const grpc::ByteBuffer&)> writer;
-    std::string address;
-    // Client side (this rank is the lower one).
-    std::unique_ptr<grpc::ClientContext> client_context;
-    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> client_stream;
-    std::shared_ptr<grpc::Channel> channel;
-    std::thread reader;
-    // Guarded by GrpcTransport::mu_.
-    bool connected = false;
-    bool said_goodbye = false;
-    std::string refusal;  // why the peer refused our hello
-  };
-
-  pg::FrameHeader hello_header() const {
-    pg::FrameHeader hello;
-    hello.set_kind(pg::FrameHeader::HELLO);
-    hello.set_rank(rank_);
-    hello.set_world_size(size_);
-    hello.set_token(options_.token);
-    hello.set_group(options_.group_name);
-    return hello;
-  }
+  Outbox& outbox(int peer) { return peers_[peer]->outbox; }
 
   // Empty if `hello` may join this rank's group, else why not.
   std::string check_hello(const pg::FrameHeader& hello) {
@@ -298,12 +377,117 @@ class GrpcTransport final : public Transport {
              std::to_string(size_);
     }
     if (hello.rank() < 0 || hello.rank() >= rank_) {
-      return "peer claims rank " + std::to_string(hello.rank()) + ", which does not connect to rank " +
+      return "peer claims rank " + std::to_string(hello.rank()) + ", which does not dial rank " +
              std::to_string(rank_);
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (peers_[hello.rank()]->connected) return "rank " + std::to_string(hello.rank()) + " is already connected";
+    if (peers_[hello.rank()]->connected || peers_[hello.rank()]->server_attached) {
+      return "rank " + std::to_string(hello.rank()) + " is already connected";
+    }
+    peers_[hello.rank()]->server_attached = true;
     return "";
+  }
+
+  std::vector<grpc::Slice> hello_frame() const {
+    pg::FrameHeader hello;
+    hello.set_kind(pg::FrameHeader::HELLO);
+    hello.set_rank(rank_);
+    hello.set_world_size(size_);
+    hello.set_token(options_.token);
+    hello.set_group(options_.group_name);
+    std::vector<grpc::Slice> slices;
+    encode_frame(hello, {}, &slices);
+    return slices;
+  }
+
+  void mark_connected(int peer, std::string address) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      peers_[peer]->connected = true;
+      peers_[peer]->address = std::move(address);
+    }
+    changed_.notify_all();
+  }
+
+  void mark_refused(int peer, const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      peers_[peer]->refusal = why.empty() ? "connection failed" : why;
+    }
+    changed_.notify_all();
+  }
+
+  // Decodes and delivers one message from `peer`; returns false (after reporting the
+  // peer lost) if it was malformed.
+  bool deliver(int peer, Buffer& buffer) {
+    std::vector<Frame> frames;
+    try {
+      frames = decode_frames(buffer, peer);
+    } catch (const Error& e) {
+      const std::string reason = "rank " + std::to_string(peer) + " sent a malformed frame: " + e.message();
+      LOG(ERROR) << "rank " << rank_ << ": " << reason << "; closing the connection";
+      lost(peer, Error(ErrorKind::kProtocol, reason));
+      return false;
+    }
+    for (auto& frame : frames) {
+      switch (frame.header.kind()) {
+        case pg::FrameHeader::GOODBYE: {
+          std::lock_guard<std::mutex> lock(mu_);
+          peers_[peer]->said_goodbye = true;
+          break;
+        }
+        case pg::FrameHeader::HELLO:
+          break;
+        default:
+          if (!stopping_) sink_.on_frame(std::move(frame));
+      }
+    }
+    return true;
+  }
+
+  // The stream to `peer` is gone; tells the sink once.
+  void lost(int peer, const Error& why) {
+    std::string reason = why.message();
+    bool was_connected;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Peer& p = *peers_[peer];
+      if (p.lost) return;
+      p.lost = true;
+      was_connected = p.connected;
+      if (p.said_goodbye) reason = "rank " + std::to_string(peer) + " shut down";
+    }
+    const Error error(why.kind(), reason);
+    peers_[peer]->outbox.close(error);
+    if (peers_[peer]->client) peers_[peer]->client->cancel();
+    if (!stopping_ && was_connected) sink_.on_peer_failed(peer, error);
+  }
+
+  Error lost_error(int peer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return Error(ErrorKind::kPeerUnavailable, "connection to rank " + std::to_string(peer) + " (" +
+                                                  peers_[peer]->address + ") was lost");
+  }
+
+  bool stopping() const { return stopping_; }
+  int my_rank() const { return rank_; }
+
+ private:
+  struct Peer {
+    Outbox outbox;
+    std::unique_ptr<ClientPeer> client;  // when this rank dials the peer
+    // Guarded by GrpcTransport::mu_.
+    std::string address;
+    bool connected = false;
+    bool server_attached = false;
+    bool said_goodbye = false;
+    bool lost = false;
+    std::string refusal;  // why the peer refused our hello
+  };
+
+  bool is_connected(int r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peers_[r]->connected && !peers_[r]->lost;
   }
 
   void start_server() {
@@ -312,10 +496,9 @@ class GrpcTransport final : public Transport {
     builder.SetMaxSendMessageSize(-1);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 * 1024 * 1024 - 1);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 * 1024 * 1024);
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 4 * 1024 * 1024);
     const std::string listen = options_.listen_host + ":" + std::to_string(options_.listen_port);
     builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(&service_);
+    builder.RegisterCallbackGenericService(&service_);
     server_ = builder.BuildAndStart();
     if (!server_ || port_ == 0) {
       throw Error(ErrorKind::kBadArgument, "rank " + std::to_string(rank_) + " cannot listen on " + listen);
@@ -331,7 +514,13 @@ class GrpcTransport final : public Transport {
     store.set("addr/" + std::to_string(rank_), host + ":" + std::to_string(port_));
     for (int r = rank_ + 1; r < size_; ++r) {
       const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-      connect_to(r, store.get("addr/" + std::to_string(r), std::max(left, milliseconds(1))));
+      const std::string address = store.get("addr/" + std::to_string(r), std::max(left, milliseconds(1)));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        peers_[r]->address = address;
+      }
+      peers_[r]->client = std::make_unique<ClientPeer>(*this, r, address);
+      peers_[r]->client->start();
     }
     std::unique_lock<std::mutex> lock(mu_);
     std::string refused;
@@ -347,7 +536,7 @@ class GrpcTransport final : public Transport {
       }
       return all;
     };
-    const bool done = connected_cv_.wait_until(lock, deadline, all_connected);
+    const bool done = changed_.wait_until(lock, deadline, all_connected);
     if (!refused.empty()) throw Error(ErrorKind::kUnauthenticated, refused);
     if (!done) {
       std::string missing;
@@ -358,84 +547,6 @@ class GrpcTransport final : public Transport {
                                            " did not connect within " +
                                            std::to_string(options_.connect_timeout.count()) + " ms");
     }
-  }
-
-  void connect_to(int r, const std::string& address) {
-    Peer& peer = *peers_[r];
-    peer.address = address;
-    peer.channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_arguments());
-    peer.client_context = std::make_unique<grpc::ClientContext>();
-    peer.client_context->set_wait_for_ready(true);
-    const grpc::internal::RpcMethod method(kExchangeMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
-    peer.client_stream.reset(
-        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-            peer.channel.get(), method, peer.client_context.get()));
-    auto* stream = peer.client_stream.get();
-    if (!stream->Write(encode_frame(hello_header(), {}))) {
-      throw Error(ErrorKind::kPeerUnavailable, "rank " + std::to_string(rank_) + " cannot reach rank " +
-                                                   std::to_string(r) + " at " + address);
-    }
-    peer.reader = std::thread([this, r, stream] {
-      grpc::ByteBuffer buffer;
-      if (!stream->Read(&buffer)) {
-        const grpc::Status status = stream->Finish();
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          peers_[r]->refusal = status.error_message().empty() ? "connection failed" : status.error_message();
-        }
-        connected_cv_.notify_all();
-        return;
-      }
-      {
-        std::lock_guard<std::mutex> lock(peers_[r]->write_mu);
-        peers_[r]->writer = [stream](const grpc::ByteBuffer& b) { return stream->Write(b); };
-      }
-      mark_connected(r);
-      read_loop(r, [stream](grpc::ByteBuffer* b) { return stream->Read(b); });
-      std::lock_guard<std::mutex> lock(peers_[r]->write_mu);
-      peers_[r]->writer = nullptr;
-    });
-  }
-
-  void mark_connected(int r) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      peers_[r]->connected = true;
-    }
-    connected_cv_.notify_all();
-  }
-
-  // Delivers frames from peer `r` until its stream ends, then reports why it ended.
-  void read_loop(int r, const std::function<bool(grpc::ByteBuffer*)>& read) {
-    Peer& peer = *peers_[r];
-    std::string reason = "connection to rank " + std::to_string(r) + " (" + peer.address + ") was lost";
-    ErrorKind kind = ErrorKind::kPeerUnavailable;
-    grpc::ByteBuffer buffer;
-    while (read(&buffer)) {
-      Frame frame;
-      try {
-        frame = decode_frame(buffer, r);
-      } catch (const Error& e) {
-        reason = "rank " + std::to_string(r) + " sent a malformed frame: " + e.message();
-        kind = ErrorKind::kProtocol;
-        LOG(ERROR) << "rank " << rank_ << ": " << reason << "; closing the connection";
-        if (peer.client_context) peer.client_context->TryCancel();
-        break;  // a server-side stream ends when serve() returns
-      }
-      if (frame.header.kind() == pg::FrameHeader::GOODBYE) {
-        std::lock_guard<std::mutex> lock(mu_);
-        peer.said_goodbye = true;
-        continue;
-      }
-      if (frame.header.kind() == pg::FrameHeader::HELLO) continue;
-      sink_.on_frame(std::move(frame));
-    }
-    if (stopping_) return;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (peer.said_goodbye) reason = "rank " + std::to_string(r) + " shut down";
-    }
-    sink_.on_peer_failed(r, Error(kind, reason));
   }
 
   const int rank_;
@@ -449,19 +560,128 @@ class GrpcTransport final : public Transport {
   std::atomic<bool> stopping_{false};
 
   std::mutex mu_;
-  std::condition_variable connected_cv_;
-  bool shut_down_ = false;  // guarded by mu_
+  std::condition_variable changed_;
+  // Guarded by mu_.
+  bool shut_down_ = false;
+  int live_reactors_ = 0;
 };
 
-PeerService::PeerService(GrpcTransport* transport) {
-  AddMethod(new grpc::internal::RpcServiceMethod(
-      kExchangeMethod, grpc::internal::RpcMethod::BIDI_STREAMING,
-      new grpc::internal::BidiStreamingHandler<GrpcTransport, grpc::ByteBuffer, grpc::ByteBuffer>(
-          [](GrpcTransport* t, grpc::ServerContext* context,
-             grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
-            return t->serve(context, stream);
-          },
-          transport)));
+// --- ClientPeer ------------------------------------------------------------------------
+
+ClientPeer::ClientPeer(GrpcTransport& transport, int peer, const std::string& address)
+    : transport_(transport), peer_(peer) {
+  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_arguments());
+  context_.set_wait_for_ready(true);
+}
+
+void ClientPeer::start() {
+  transport_.reactor_started();
+  const grpc::internal::RpcMethod method(kExchangeMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
+  grpc::internal::ClientCallbackReaderWriterFactory<Buffer, Buffer>::Create(channel_.get(), method, &context_,
+                                                                            this);
+  // Hold the call open until OnDone even when no read or write is pending.
+  AddHold();
+  transport_.outbox(peer_).send(transport_.hello_frame(), nullptr);
+  transport_.outbox(peer_).attach([this](Buffer* b) { StartWrite(b); });
+  StartRead(&read_buffer_);
+  StartCall();
+}
+
+void ClientPeer::OnReadDone(bool ok) {
+  if (!ok) {
+    transport_.lost(peer_, transport_.lost_error(peer_));
+    RemoveHold();
+    return;
+  }
+  if (!acknowledged_) {
+    acknowledged_ = true;  // the first message is the peer's hello: it accepted us
+    transport_.mark_connected(peer_, context_.peer());
+  } else if (!transport_.deliver(peer_, read_buffer_)) {
+    context_.TryCancel();
+    RemoveHold();
+    return;
+  }
+  StartRead(&read_buffer_);
+}
+
+void ClientPeer::OnWriteDone(bool ok) {
+  transport_.outbox(peer_).on_write_done(ok, [this] { return transport_.lost_error(peer_); });
+}
+
+void ClientPeer::OnDone(const grpc::Status& status) {
+  if (!acknowledged_) transport_.mark_refused(peer_, status.error_message());
+  transport_.outbox(peer_).attach(nullptr);
+  transport_.reactor_done();
+}
+
+// --- ServerPeer ------------------------------------------------------------------------
+
+ServerPeer::ServerPeer(GrpcTransport& transport, grpc::GenericCallbackServerContext* context)
+    : transport_(transport), context_(context) {
+  transport_.reactor_started();
+  StartRead(&read_buffer_);
+}
+
+void ServerPeer::OnReadDone(bool ok) {
+  if (!ok) {
+    if (peer_ >= 0) {
+      transport_.lost(peer_, transport_.lost_error(peer_));
+      // Finish only once no write is in flight; OnWriteDone finishes otherwise.
+      finish_when_written_ = true;
+      if (!transport_.outbox(peer_).writing()) finish_once(grpc::Status::OK);
+    } else {
+      finish_once(grpc::Status(grpc::StatusCode::CANCELLED, "closed before hello"));
+    }
+    return;
+  }
+  if (peer_ < 0) {
+    std::string problem;
+    int rank = -1;
+    try {
+      auto frames = decode_frames(read_buffer_, -1);
+      problem = frames.size() == 1 ? transport_.check_hello(frames[0].header) : "expected one hello frame";
+      if (problem.empty()) rank = frames[0].header.rank();
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    if (!problem.empty()) {
+      LOG(WARNING) << "rank " << transport_.my_rank() << ": refused a connection from " << context_->peer()
+                   << ": " << problem;
+      finish_once(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, problem));
+      return;
+    }
+    peer_ = rank;
+    transport_.outbox(peer_).send(transport_.hello_frame(), nullptr);  // the acknowledgement
+    transport_.outbox(peer_).attach([this](Buffer* b) { StartWrite(b); });
+    transport_.mark_connected(peer_, context_->peer());
+  } else if (!transport_.deliver(peer_, read_buffer_)) {
+    finish_when_written_ = true;
+    if (!transport_.outbox(peer_).writing()) {
+      finish_once(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed frame"));
+    }
+    return;
+  }
+  StartRead(&read_buffer_);
+}
+
+void ServerPeer::OnWriteDone(bool ok) {
+  Outbox& outbox = transport_.outbox(peer_);
+  outbox.on_write_done(ok, [this] { return transport_.lost_error(peer_); });
+  if (finish_when_written_ && !outbox.writing()) finish_once(grpc::Status::OK);
+}
+
+void ServerPeer::OnDone() {
+  if (peer_ >= 0) transport_.outbox(peer_).attach(nullptr);
+  GrpcTransport& transport = transport_;
+  delete this;
+  transport.reactor_done();
+}
+
+grpc::ServerGenericBidiReactor* PeerService::CreateReactor(grpc::GenericCallbackServerContext* context) {
+  if (context->method() != kExchangeMethod) {
+    return grpc::CallbackGenericService::CreateReactor(context);  // UNIMPLEMENTED
+  }
+  return new ServerPeer(transport_, context);
 }
 
 }  // namespace

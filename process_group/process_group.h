@@ -86,9 +86,10 @@ class ProcessGroup {
   // Work::result() and Work::source_rank().
   virtual WorkPtr recv_any(int64_t tag) = 0;
 
-  // Sends a message to `dst_rank`'s MessageListener. Blocks until it is handed to the
-  // network (the tensors may then be reused). Throws kPeerUnavailable, kShutdown.
-  virtual void send_message(int dst_rank, const PgMessage& message) = 0;
+  // Sends a message to `dst_rank`'s MessageListener without waiting; the Work completes
+  // once it is written (the tensors may then change). Throws kBadArgument, kShutdown,
+  // kPeerUnavailable when it cannot be queued.
+  virtual WorkPtr send_message(int dst_rank, const PgMessage& message) = 0;
 
   // Installs the listener for messages and peer failures. Set it once, before peers send
   // messages; messages that arrive with no listener are dropped with a warning.

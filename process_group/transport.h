@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,12 +58,14 @@ class Transport {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // Sends `header` (whose `tensors` metas the caller filled, see describe_tensors) and the
-  // bytes of `tensors` (contiguous CPU tensors) to `dst`. Blocks until the network has
-  // taken the bytes; the tensors may then change. Thread-safe; sends to one peer are
-  // serialized and arrive in order. Throws kPeerUnavailable or kShutdown.
-  virtual void send(int dst, const pg::FrameHeader& header,
-                    const std::vector<at::Tensor>& tensors) = 0;
+  // Queues `header` (whose `tensors` metas the caller filled, see describe_tensors) and
+  // the bytes of `tensors` (contiguous CPU tensors) for `dst` and returns at once. The
+  // tensors' storage is read in place until `on_sent` runs (with null on success, else
+  // the error), on a transport thread or inline; only then may the caller change them.
+  // Thread-safe; frames to one peer arrive in order, several may share one network write.
+  // Throws kPeerUnavailable or kShutdown when the frame cannot even be queued.
+  virtual void send(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
+                    std::function<void(std::exception_ptr)> on_sent) = 0;
 
   // Closes every connection; the sink receives nothing afterwards. Idempotent.
   virtual void shutdown() = 0;
