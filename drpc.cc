@@ -1,0 +1,264 @@
+#include "drpc.h"
+
+#include <glog/logging.h>
+
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "process_group/grpc_process_group.h"
+#include "process_group/grpc_store.h"
+#include "process_group/prefix_store.h"
+#include "rpc/process_group_agent.h"
+#include "rpc/value_codec.h"
+
+namespace drpc {
+namespace {
+
+thread_local Runtime* tls_runtime = nullptr;
+
+std::mutex& default_mu() {
+  static std::mutex mu;
+  return mu;
+}
+std::unique_ptr<Runtime>& default_runtime() {
+  static std::unique_ptr<Runtime> runtime;
+  return runtime;
+}
+
+std::mutex& backends_mu() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<std::string, BackendFactory>& backends() {
+  static std::map<std::string, BackendFactory> registry = {
+      {"process_group", [](ProcessGroup& group, std::vector<WorkerInfo> workers, const Options& options) {
+         AgentOptions agent;
+         agent.num_threads = options.num_worker_threads;
+         agent.default_timeout = options.rpc_timeout;
+         return create_process_group_agent(group, std::move(workers), agent);
+       }}};
+  return registry;
+}
+
+void check_name(const std::string& name) {
+  if (name.empty() || name.size() >= 128) {
+    throw Error(ErrorKind::kBadArgument, "worker name '" + name + "' must have 1 to 127 characters");
+  }
+  for (char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == ':' || c == '-')) {
+      throw Error(ErrorKind::kBadArgument, "worker name '" + name + "' may only contain [A-Za-z0-9_:-]");
+    }
+  }
+}
+
+// Sets the thread's current runtime for the duration of a served call.
+class CurrentRuntime {
+ public:
+  explicit CurrentRuntime(Runtime* runtime) : previous_(tls_runtime) { tls_runtime = runtime; }
+  ~CurrentRuntime() { tls_runtime = previous_; }
+
+ private:
+  Runtime* previous_;
+};
+
+Message encode_call(const std::string& fn, const std::vector<c10::IValue>& args, const Kwargs& kwargs) {
+  rpc::Call call;
+  call.set_function(fn);
+  Message message;
+  message.type = kCallRequest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    encode_value(args[i], call.add_args(), &message.tensors, fn + ": args[" + std::to_string(i) + "]");
+  }
+  for (const auto& [name, value] : kwargs) {
+    rpc::Kwarg* kw = call.add_kwargs();
+    kw->set_name(name);
+    encode_value(value, kw->mutable_value(), &message.tensors, fn + ": kwarg " + name);
+  }
+  message.payload = call.SerializeAsString();
+  return message;
+}
+
+c10::IValue decode_result(const Message& message) {
+  rpc::Value value;
+  if (!value.ParseFromString(message.payload)) throw Error(ErrorKind::kProtocol, "malformed reply");
+  return decode_value(value, message.tensors);
+}
+
+class RuntimeImpl final : public Runtime {
+ public:
+  RuntimeImpl(const std::string& name, int rank, int world_size, const Options& options) : options_(options) {
+    check_name(name);
+    if (world_size <= 0 || rank < 0 || rank >= world_size) {
+      throw Error(ErrorKind::kBadArgument, "rank " + std::to_string(rank) + " is out of range for world size " +
+                                               std::to_string(world_size));
+    }
+    Store* store = options.store;
+    if (!store) {
+      if (rank == 0 && options.host_store) {
+        store_server_ = start_store_server(options.master_addr, options.master_port);
+      }
+      owned_store_ = connect_store(options.master_addr, options.master_port, options.init_timeout);
+      store = owned_store_.get();
+    }
+    auto rpc_store = create_prefix_store("rpc", *store);
+    // Names first: a clash is reported before any connection is made.
+    rpc_store->set("name/" + std::to_string(rank), name);
+    std::vector<WorkerInfo> workers;
+    std::map<std::string, int> seen;
+    for (int r = 0; r < world_size; ++r) {
+      const std::string other = rpc_store->get("name/" + std::to_string(r), options.init_timeout);
+      if (seen.count(other)) {
+        throw Error(ErrorKind::kBadArgument, "worker name '" + other + "' is used by ranks " +
+                                                 std::to_string(seen[other]) + " and " + std::to_string(r));
+      }
+      seen[other] = r;
+      workers.push_back(WorkerInfo{other, r});
+    }
+    auto pg_store = create_prefix_store("pg", *store);
+    GrpcProcessGroupOptions pg;
+    pg.listen_host = options.listen_host;
+    pg.timeout = options.init_timeout;
+    pg.token = options.token;
+    group_ = create_grpc_process_group(*pg_store, rank, world_size, pg);
+    for (const auto& [script, path] : options.scripts) functions_.load_script(script, path);
+    BackendFactory factory;
+    {
+      std::lock_guard<std::mutex> lock(backends_mu());
+      auto it = backends().find(options.backend);
+      if (it == backends().end()) throw Error(ErrorKind::kBadArgument, "unknown RPC backend '" + options.backend + "'");
+      factory = it->second;
+    }
+    agent_ = factory(*group_, workers, options);
+    agent_->register_handler(kCallRequest, [this](const WorkerInfo&, Message request) { return serve_call(request); });
+    agent_->start();
+  }
+
+  ~RuntimeImpl() override { shutdown(false); }
+
+  WorkerInfo get_worker_info() const override { return agent_->self(); }
+  WorkerInfo get_worker_info(const std::string& name) const override { return agent_->worker(name); }
+  std::vector<WorkerInfo> get_worker_infos() const override { return agent_->workers(); }
+
+  FuturePtr rpc_async(const std::string& to, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                      std::chrono::milliseconds timeout) override {
+    const WorkerInfo dst = agent_->worker(to);
+    if (timeout == kDefaultTimeout) timeout = agent_->default_timeout();
+    Message request = encode_call(fn, args, kwargs);
+    FuturePtr reply = agent_->send(dst, std::move(request), timeout, fn);
+    return reply->then([](c10::ivalue::Future& done) { return decode_result(message_from_ivalue(done.value())); },
+                       c10::AnyType::get());
+  }
+
+  FunctionRegistry& functions() override { return functions_; }
+  RpcAgent& agent() override { return *agent_; }
+  ProcessGroup& process_group() override { return *group_; }
+
+  void shutdown(bool graceful) override {
+    std::lock_guard<std::mutex> lock(shutdown_mu_);
+    if (!group_) return;
+    if (agent_) agent_->shutdown(graceful);
+    group_->shutdown();
+    agent_.reset();
+    group_.reset();
+    if (store_server_) store_server_->shutdown();
+  }
+
+ private:
+  FuturePtr serve_call(const Message& request) {
+    CurrentRuntime current(this);
+    rpc::Call call;
+    if (!call.ParseFromString(request.payload)) throw Error(ErrorKind::kProtocol, "malformed call");
+    CallArgs args;
+    for (const auto& v : call.args()) args.args.push_back(decode_value(v, request.tensors));
+    for (const auto& kw : call.kwargs()) args.kwargs.emplace_back(kw.name(), decode_value(kw.value(), request.tensors));
+    FuturePtr result = functions_.call(call.function(), std::move(args), agent_->self().name);
+    const std::string fn = call.function();
+    return result->then(
+        [fn](c10::ivalue::Future& done) {
+          Message reply;
+          rpc::Value value;
+          encode_value(done.value(), &value, &reply.tensors, fn + ": result");
+          reply.payload = value.SerializeAsString();
+          return message_to_ivalue(std::move(reply));
+        },
+        c10::AnyType::get());
+  }
+
+  const Options options_;
+  std::unique_ptr<StoreServer> store_server_;
+  std::unique_ptr<Store> owned_store_;
+  std::unique_ptr<ProcessGroup> group_;
+  FunctionRegistry functions_;
+  std::unique_ptr<RpcAgent> agent_;
+  std::mutex shutdown_mu_;
+};
+
+}  // namespace
+
+void register_backend(const std::string& name, BackendFactory factory) {
+  std::lock_guard<std::mutex> lock(backends_mu());
+  backends()[name] = std::move(factory);
+}
+
+std::unique_ptr<Runtime> Runtime::create(const std::string& name, int rank, int world_size, const Options& options) {
+  return std::make_unique<RuntimeImpl>(name, rank, world_size, options);
+}
+
+c10::IValue Runtime::rpc_sync(const std::string& to, const std::string& fn, std::vector<c10::IValue> args,
+                              Kwargs kwargs, std::chrono::milliseconds timeout) {
+  FuturePtr future = rpc_async(to, fn, std::move(args), std::move(kwargs), timeout);
+  future->wait();
+  return future->value();  // rethrows the call's error
+}
+
+Runtime& current_runtime() {
+  if (tls_runtime) return *tls_runtime;
+  std::lock_guard<std::mutex> lock(default_mu());
+  if (!default_runtime()) throw Error(ErrorKind::kShutdown, "drpc is not initialized: call drpc::init_rpc first");
+  return *default_runtime();
+}
+
+void init_rpc(const std::string& name, int rank, int world_size, const Options& options) {
+  {
+    std::lock_guard<std::mutex> lock(default_mu());
+    if (default_runtime()) throw Error(ErrorKind::kBadArgument, "init_rpc was already called in this process");
+  }
+  auto runtime = Runtime::create(name, rank, world_size, options);
+  std::lock_guard<std::mutex> lock(default_mu());
+  default_runtime() = std::move(runtime);
+}
+
+WorkerInfo get_worker_info() { return current_runtime().get_worker_info(); }
+WorkerInfo get_worker_info(const std::string& name) { return current_runtime().get_worker_info(name); }
+std::vector<WorkerInfo> get_worker_infos() { return current_runtime().get_worker_infos(); }
+
+FuturePtr rpc_async(const std::string& to, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                    std::chrono::milliseconds timeout) {
+  return current_runtime().rpc_async(to, fn, std::move(args), std::move(kwargs), timeout);
+}
+
+c10::IValue rpc_sync(const std::string& to, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                     std::chrono::milliseconds timeout) {
+  return current_runtime().rpc_sync(to, fn, std::move(args), std::move(kwargs), timeout);
+}
+
+std::vector<c10::IValue> wait_all(const std::vector<FuturePtr>& futures) {
+  std::vector<c10::IValue> values;
+  for (const auto& f : futures) f->wait();
+  for (const auto& f : futures) values.push_back(f->value());
+  return values;
+}
+
+ProcessGroup& process_group() { return current_runtime().process_group(); }
+
+void shutdown(bool graceful) {
+  std::unique_ptr<Runtime> runtime;
+  {
+    std::lock_guard<std::mutex> lock(default_mu());
+    runtime = std::move(default_runtime());
+  }
+  if (runtime) runtime->shutdown(graceful);
+}
+
+}  // namespace drpc

@@ -1,0 +1,100 @@
+#pragma once
+
+// drpc's public API: remote calls between named workers of a libtorch job, over a gRPC
+// process group. The names mirror torch.distributed.rpc.
+
+#include <ATen/core/ivalue.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/error.h"
+#include "process_group/process_group.h"
+#include "process_group/store.h"
+#include "rpc/function_registry.h"
+#include "rpc/rpc_agent.h"
+
+namespace drpc {
+
+using RpcError = Error;
+using Kwargs = std::vector<std::pair<std::string, c10::IValue>>;
+
+// Pass as a timeout to use the job's default (Options::rpc_timeout); 0 means no deadline.
+constexpr std::chrono::milliseconds kDefaultTimeout{-1};
+
+struct Options {
+  std::string master_addr = "127.0.0.1";  // where the store is served
+  int master_port = 29500;
+  bool host_store = true;                 // rank 0 serves the store (else it runs elsewhere)
+  Store* store = nullptr;                 // rendezvous through this store instead (borrowed)
+  std::string listen_host = "127.0.0.1";  // this worker's address for its peers
+  std::chrono::milliseconds rpc_timeout{60000};
+  std::chrono::milliseconds init_timeout{60000};
+  int num_worker_threads = 4;
+  std::string token;                      // a shared secret every connection must present
+  std::string backend = "process_group";
+  std::vector<std::pair<std::string, std::string>> scripts;  // TorchScript to host: name, path
+};
+
+// Builds an RpcAgent over a job's process group (see register_backend).
+using BackendFactory = std::function<std::unique_ptr<RpcAgent>(ProcessGroup& group, std::vector<WorkerInfo> workers,
+                                                               const Options& options)>;
+// Makes `factory` available as Options::backend == `name`. Thread-safe.
+void register_backend(const std::string& name, BackendFactory factory);
+
+// One worker's share of a job: store, process group, agent, functions. Several may live
+// in one process (tests run ranks as threads). Thread-safe.
+class Runtime {
+ public:
+  // Joins the job: validates `name` ([A-Za-z0-9_:-], under 128 characters, unique in the
+  // job), rendezvous, connects to every worker. Throws kBadArgument, kTimeout,
+  // kPeerUnavailable.
+  static std::unique_ptr<Runtime> create(const std::string& name, int rank, int world_size, const Options& options);
+  virtual ~Runtime() = default;
+
+  virtual WorkerInfo get_worker_info() const = 0;
+  virtual WorkerInfo get_worker_info(const std::string& name) const = 0;
+  virtual std::vector<WorkerInfo> get_worker_infos() const = 0;
+
+  // Runs function `fn` (see FunctionRegistry for names) on worker `to` and returns a
+  // future of its result; errors are drpc::Error with their kind.
+  virtual FuturePtr rpc_async(const std::string& to, const std::string& fn, std::vector<c10::IValue> args = {},
+                              Kwargs kwargs = {}, std::chrono::milliseconds timeout = kDefaultTimeout) = 0;
+  // rpc_async(...) and wait: returns the result or throws its error.
+  c10::IValue rpc_sync(const std::string& to, const std::string& fn, std::vector<c10::IValue> args = {},
+                       Kwargs kwargs = {}, std::chrono::milliseconds timeout = kDefaultTimeout);
+
+  virtual FunctionRegistry& functions() = 0;
+  virtual RpcAgent& agent() = 0;
+  virtual ProcessGroup& process_group() = 0;
+
+  // graceful: waits until no worker has calls outstanding, then stops. Idempotent.
+  virtual void shutdown(bool graceful = true) = 0;
+};
+
+// --- the default runtime of this process, as in torch.distributed.rpc ------------------
+void init_rpc(const std::string& name, int rank, int world_size, const Options& options = {});
+inline void init_model_parallel(const std::string& name, int rank, int world_size, const Options& options = {}) {
+  init_rpc(name, rank, world_size, options);
+}
+WorkerInfo get_worker_info();
+WorkerInfo get_worker_info(const std::string& name);
+std::vector<WorkerInfo> get_worker_infos();
+FuturePtr rpc_async(const std::string& to, const std::string& fn, std::vector<c10::IValue> args = {},
+                    Kwargs kwargs = {}, std::chrono::milliseconds timeout = kDefaultTimeout);
+c10::IValue rpc_sync(const std::string& to, const std::string& fn, std::vector<c10::IValue> args = {},
+                     Kwargs kwargs = {}, std::chrono::milliseconds timeout = kDefaultTimeout);
+// Waits for every future; returns their values, or throws the first error.
+std::vector<c10::IValue> wait_all(const std::vector<FuturePtr>& futures);
+ProcessGroup& process_group();
+void shutdown(bool graceful = true);
+
+// The runtime that free functions use on this thread: inside a function called over RPC,
+// the worker serving it; otherwise the one init_rpc made. Throws kShutdown if none.
+Runtime& current_runtime();
+
+}  // namespace drpc

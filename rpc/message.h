@@ -1,0 +1,24 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace drpc {
+
+// Message types the RPC layer knows; upper layers register handlers for their own types
+// (RRef control messages from 100, autograd from 200).
+enum MessageType : int32_t {
+  kCallRequest = 1,  // payload: rpc::Call; reply payload: a Value
+};
+
+// One request or reply between agents: opaque header bytes for its type plus tensors.
+struct Message {
+  int32_t type = 0;
+  std::string payload;
+  std::vector<at::Tensor> tensors;
+};
+
+}  // namespace drpc

@@ -1,0 +1,93 @@
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "rpc/message.h"
+
+namespace drpc {
+
+// A worker of the job: its unique name and its id (its rank).
+struct WorkerInfo {
+  std::string name;
+  int id = -1;
+};
+
+using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
+
+// Replies travel inside libtorch futures as a capsule holding the Message.
+struct MessageCapsule : torch::CustomClassHolder {
+  explicit MessageCapsule(Message m) : message(std::move(m)) {}
+  Message message;
+};
+inline c10::IValue message_to_ivalue(Message message) {
+  return c10::IValue::make_capsule(c10::make_intrusive<MessageCapsule>(std::move(message)));
+}
+inline const Message& message_from_ivalue(const c10::IValue& value) {
+  return static_cast<MessageCapsule*>(value.toCapsule().get())->message;
+}
+// A future that will hold a Message.
+inline FuturePtr make_message_future() {
+  return c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+}
+
+// Sends messages between the workers of one job and dispatches those that arrive to
+// the handler registered for their type. Every method is thread-safe.
+class RpcAgent {
+ public:
+  // Serves one request; returns a future of the reply Message (a handler may complete it
+  // later, from any thread, without holding the thread it was called on). Throwing, or
+  // completing the future with an error, sends the error to the caller.
+  using Handler = std::function<FuturePtr(const WorkerInfo& from, Message request)>;
+
+  // Hooks that may rewrite every request and reply: on_send just before a message leaves,
+  // on_receive as soon as one arrives (before its handler or its caller's future).
+  struct Interceptor {
+    std::function<void(const WorkerInfo& to, Message& message)> on_send;
+    std::function<void(const WorkerInfo& from, Message& message)> on_receive;
+  };
+
+  RpcAgent() = default;
+  RpcAgent(const RpcAgent&) = delete;
+  RpcAgent& operator=(const RpcAgent&) = delete;
+  virtual ~RpcAgent() = default;
+
+  virtual const WorkerInfo& self() const = 0;
+  // Throws Error(kBadArgument) naming the worker when there is none such.
+  virtual WorkerInfo worker(const std::string& name) const = 0;
+  virtual WorkerInfo worker(int id) const = 0;
+  virtual std::vector<WorkerInfo> workers() const = 0;
+
+  // The job's default deadline for send().
+  virtual std::chrono::milliseconds default_timeout() const = 0;
+
+  // Sends `request` to `to` (which may be this worker) and returns a future of the reply
+  // Message. It fails with an Error: kTimeout once `timeout` passes (0: never), naming `to`
+  // and `what`; kPeerUnavailable when `to` goes away; kRemote (or the remote's own kind)
+  // when the handler failed, with the remote worker's name and message; kShutdown after
+  // shutdown. Throws kBadArgument for an unknown worker and kShutdown when stopped.
+  virtual FuturePtr send(const WorkerInfo& to, Message request, std::chrono::milliseconds timeout,
+                         const std::string& what) = 0;
+
+  // Registers the handler for `type`; set before start(). Not thread-safe with send().
+  virtual void register_handler(int32_t type, Handler handler) = 0;
+  virtual void add_interceptor(Interceptor interceptor) = 0;
+
+  // Starts serving requests. Messages that arrive before are held until then.
+  virtual void start() = 0;
+
+  // Blocks until no worker of the job has a request outstanding (a collective call: every
+  // worker must call it).
+  virtual void join() = 0;
+
+  // graceful: join(), then stop everywhere. Otherwise stop at once; pending calls fail
+  // with kShutdown. Idempotent.
+  virtual void shutdown(bool graceful) = 0;
+};
+
+}  // namespace drpc
