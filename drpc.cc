@@ -156,11 +156,11 @@ class RuntimeImpl final : public Runtime {
 
   void shutdown(bool graceful) override {
     std::lock_guard<std::mutex> lock(shutdown_mu_);
-    if (!group_) return;
-    if (agent_) agent_->shutdown(graceful);
+    if (shut_down_) return;
+    shut_down_ = true;
+    // The objects stay (until destruction) so later calls fail with kShutdown.
+    agent_->shutdown(graceful);
     group_->shutdown();
-    agent_.reset();
-    group_.reset();
     if (store_server_) store_server_->shutdown();
   }
 
@@ -192,6 +192,7 @@ class RuntimeImpl final : public Runtime {
   FunctionRegistry functions_;
   std::unique_ptr<RpcAgent> agent_;
   std::mutex shutdown_mu_;
+  bool shut_down_ = false;  // guarded by shutdown_mu_
 };
 
 }  // namespace

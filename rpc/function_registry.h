@@ -185,10 +185,11 @@ FunctionRegistry::AsyncFunction wrap_async(std::string name, F f) {
   return [name, f](CallArgs& call) mutable -> FuturePtr { return invoke(f, call, name); };
 }
 
+template <bool Async>
 struct Registrar {
   template <typename F>
-  Registrar(const char* name, F f, bool async) {
-    if (async) {
+  Registrar(const char* name, F f) {
+    if constexpr (Async) {
       FunctionRegistry::process_wide().add_async(name, wrap_async(name, std::move(f)));
     } else {
       FunctionRegistry::process_wide().add(name, wrap(name, std::move(f)));
@@ -205,11 +206,11 @@ struct Registrar {
 // binary. Its parameters (Tensor, float, int, bool, str, lists, c10::IValue) are checked
 // against what arrives, and its result (or void) is sent back.
 #define DRPC_REGISTER_FUNCTION(NAME, ...) \
-  static ::drpc::detail::Registrar DRPC_CONCAT(drpc_registrar_, __COUNTER__)(NAME, __VA_ARGS__, false)
+  static ::drpc::detail::Registrar<false> DRPC_CONCAT(drpc_registrar_, __COUNTER__)(NAME, __VA_ARGS__)
 
 // The same for a callable returning a c10::intrusive_ptr<c10::ivalue::Future>: the reply
 // goes out when the future completes, and no thread waits for it meanwhile.
 #define DRPC_REGISTER_ASYNC_FUNCTION(NAME, ...) \
-  static ::drpc::detail::Registrar DRPC_CONCAT(drpc_registrar_, __COUNTER__)(NAME, __VA_ARGS__, true)
+  static ::drpc::detail::Registrar<true> DRPC_CONCAT(drpc_registrar_, __COUNTER__)(NAME, __VA_ARGS__)
 
 }  // namespace drpc

@@ -1,0 +1,359 @@
+// The RPC layer end to end with workers as threads of this process, each with its own
+// real gRPC process group on loopback.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/jit/api/module.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "drpc.h"
+#include "process_group/in_memory_store.h"
+
+namespace drpc {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+// A latch the test opens; functions block on it instead of sleeping.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  int waiting = 0;
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    ++waiting;
+    cv.notify_all();
+    cv.wait(lock, [&] { return open; });
+  }
+  void wait_for_waiters(int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return waiting >= n; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  }
+};
+Gate* g_gate = nullptr;
+
+DRPC_REGISTER_FUNCTION("test.scale", [](at::Tensor t, double s) { return t * s; });
+DRPC_REGISTER_FUNCTION("test.concat", [](std::string a, int64_t b) { return a + std::to_string(b); });
+DRPC_REGISTER_FUNCTION("test.nothing", []() {});
+DRPC_REGISTER_FUNCTION("test.fail", [](std::string why) -> int64_t { throw std::runtime_error(why); });
+DRPC_REGISTER_FUNCTION("test.whoami", []() { return current_runtime().get_worker_info().name; });
+DRPC_REGISTER_FUNCTION("test.blocked", [](int64_t x) {
+  g_gate->wait();
+  return x;
+});
+// A -> B -> C: each hop adds its rank and passes on to the next name in `route`.
+DRPC_REGISTER_FUNCTION("test.relay", [](std::vector<std::string> route, at::Tensor t) -> at::Tensor {
+  at::Tensor mine = t + current_runtime().get_worker_info().id;
+  if (route.empty()) return mine;
+  std::string next = route.front();
+  route.erase(route.begin());
+  return current_runtime().rpc_sync(next, "test.relay", {c10::List<std::string>(route), mine}).toTensor();
+});
+// The same nested call, but without holding a handler thread while it waits.
+DRPC_REGISTER_ASYNC_FUNCTION("test.relay_async", [](std::string next, at::Tensor t) {
+  return current_runtime()
+      .rpc_async(next, "test.scale", {t, 10.0})
+      ->then([](c10::ivalue::Future& f) { return c10::IValue(f.value().toTensor() + 1); }, c10::AnyType::get());
+});
+
+class Job {
+ public:
+  explicit Job(int n, Options options = {}) : store_(create_in_memory_store()) {
+    options.store = store_.get();
+    options.init_timeout = milliseconds(30000);
+    std::vector<std::thread> threads;
+    runtimes_.resize(n);
+    std::vector<std::string> errors(n);
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          runtimes_[r] = Runtime::create("worker" + std::to_string(r), r, n, options);
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& e : errors) {
+      if (!e.empty()) throw std::runtime_error(e);
+    }
+  }
+  ~Job() { shutdown(false); }
+
+  Runtime& operator[](int r) { return *runtimes_[r]; }
+  int size() const { return runtimes_.size(); }
+
+  void shutdown(bool graceful) {
+    std::vector<std::thread> threads;
+    for (auto& r : runtimes_) {
+      if (r) threads.emplace_back([&r, graceful] { r->shutdown(graceful); });
+    }
+    for (auto& t : threads) t.join();
+  }
+
+ private:
+  std::unique_ptr<InMemoryStore> store_;
+  std::vector<std::unique_ptr<Runtime>> runtimes_;
+};
+
+template <typename Fn>
+Error expect_error(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected a drpc::Error";
+  return Error(ErrorKind::kInternal, "no error was thrown");
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+class RpcTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { job_ = new Job(3); }
+  static void TearDownTestSuite() {
+    delete job_;
+    job_ = nullptr;
+  }
+  static Job* job_;
+};
+Job* RpcTest::job_ = nullptr;
+
+TEST_F(RpcTest, WorkerInfos) {
+  Job& job = *job_;
+  EXPECT_EQ(job[1].get_worker_info().name, "worker1");
+  EXPECT_EQ(job[0].get_worker_info("worker2").id, 2);
+  ASSERT_EQ(job[0].get_worker_infos().size(), 3u);
+  EXPECT_EQ(expect_error([&] { job[0].get_worker_info("nobody"); }).kind(), ErrorKind::kBadArgument);
+}
+
+TEST_F(RpcTest, BuiltinOperatorsWithOverloadsKwargsAndDefaults) {
+  Job& job = *job_;
+  at::Tensor a = at::tensor({1.0, 2.0}), b = at::tensor({10.0, 20.0});
+  EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "aten::add", {a, b}).toTensor(), a + b));
+  EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "aten::add", {a, 3.5}).toTensor(), a + 3.5));  // Scalar overload
+  EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "aten::add", {a, b}, {{"alpha", 2}}).toTensor(), a + 2 * b));
+  EXPECT_TRUE(at::equal(job[0].rpc_sync("worker2", "aten::mul", {a, b}).toTensor(), a * b));
+  at::Tensor m = at::arange(6, at::kFloat).reshape({2, 3});
+  EXPECT_TRUE(at::equal(job[0].rpc_sync("worker2", "aten::matmul", {m, m.t()}).toTensor(), at::matmul(m, m.t())));
+  at::Tensor ones = job[0].rpc_sync("worker1", "aten::ones", {c10::List<int64_t>({2, 2})}).toTensor();
+  EXPECT_TRUE(at::equal(ones, at::ones({2, 2})));  // dtype, layout, device from the schema's defaults
+  at::Tensor ints = job[0].rpc_sync("worker1", "aten::ones", {c10::List<int64_t>({3})}, {{"dtype", int64_t(at::kLong)}})
+                        .toTensor();
+  EXPECT_EQ(ints.scalar_type(), at::kLong);
+  // Several outputs come back as a tuple.
+  auto sorted = job[0].rpc_sync("worker1", "aten::sort", {at::tensor({3.0, 1.0, 2.0})}).toTupleRef().elements();
+  EXPECT_TRUE(at::equal(sorted[1].toTensor(), at::tensor({1, 2, 0}, at::kLong)));
+}
+
+TEST_F(RpcTest, RegisteredFunctionsCheckTheirArguments) {
+  Job& job = *job_;
+  at::Tensor t = at::arange(4, at::kFloat);
+  EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "test.scale", {t, 2.0}).toTensor(), t * 2));
+  EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "test.scale", {t, int64_t{3}}).toTensor(), t * 3));
+  EXPECT_EQ(job[0].rpc_sync("worker2", "test.concat", {std::string("n="), int64_t{5}}).toStringRef(), "n=5");
+  EXPECT_TRUE(job[0].rpc_sync("worker2", "test.nothing").isNone());
+  Error e = expect_error([&] { job[0].rpc_sync("worker1", "test.scale", {t}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(contains(e.what(), "takes 2 arguments (Tensor, float), 1 given")) << e.what();
+  e = expect_error([&] { job[0].rpc_sync("worker1", "test.scale", {std::string("x"), 2.0}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(contains(e.what(), "argument 0 must be Tensor")) << e.what();
+  e = expect_error([&] { job[0].rpc_sync("worker1", "aten::add", {std::string("x"), std::string("y"), t}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(contains(e.what(), "no overload of aten::add")) << e.what();
+}
+
+TEST_F(RpcTest, UnknownWorkerAndFunction) {
+  Job& job = *job_;
+  Error e = expect_error([&] { job[0].rpc_sync("worker9", "aten::add"); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(contains(e.what(), "worker9")) << e.what();
+  e = expect_error([&] { job[0].rpc_sync("worker1", "no.such.fn"); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(contains(e.what(), "no.such.fn") && contains(e.what(), "worker1")) << e.what();
+  e = expect_error([&] { job[0].rpc_sync("worker1", "aten::no_such_op"); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+}
+
+TEST_F(RpcTest, RemoteExceptionsNameTheWorkerAndCarryTheMessage) {
+  Job& job = *job_;
+  Error e = expect_error([&] { job[0].rpc_sync("worker2", "test.fail", {std::string("the disk is full")}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kRemote);
+  EXPECT_TRUE(contains(e.what(), "worker2") && contains(e.what(), "the disk is full")) << e.what();
+  // A libtorch error inside an operator, too.
+  e = expect_error([&] { job[0].rpc_sync("worker1", "aten::matmul", {at::ones({2, 3}), at::ones({2, 3})}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kRemote);
+  EXPECT_TRUE(contains(e.what(), "worker1")) << e.what();
+}
+
+TEST_F(RpcTest, NestedCallsAcrossThreeWorkers) {
+  Job& job = *job_;
+  at::Tensor t = at::zeros({2});
+  // worker0 -> worker1 -> worker2 -> worker0: adds 1, 2, 0.
+  at::Tensor out =
+      job[0].rpc_sync("worker1", "test.relay", {c10::List<std::string>({"worker2", "worker0"}), t}).toTensor();
+  EXPECT_TRUE(at::equal(out, at::full({2}, 3.0)));
+  EXPECT_EQ(job[1].rpc_sync("worker1", "test.whoami").toStringRef(), "worker1");  // a call to oneself
+  EXPECT_EQ(job[0].rpc_sync("worker2", "test.whoami").toStringRef(), "worker2");
+}
+
+TEST_F(RpcTest, AsyncFunctionsAndThenChains) {
+  Job& job = *job_;
+  at::Tensor t = at::ones({3});
+  EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "test.relay_async", {std::string("worker2"), t}).toTensor(),
+                        at::full({3}, 11.0)));
+  auto fut = job[0].rpc_async("worker2", "test.scale", {t, 2.0});
+  auto chained = fut->then([](c10::ivalue::Future& f) { return c10::IValue(f.value().toTensor() * 5); },
+                           c10::AnyType::get())
+                     ->then([](c10::ivalue::Future& f) { return c10::IValue(f.value().toTensor().sum()); },
+                            c10::AnyType::get());
+  chained->wait();
+  EXPECT_EQ(chained->value().toTensor().item<double>(), 30.0);
+}
+
+TEST_F(RpcTest, ThousandConcurrentCallsAllAnsweredCorrectly) {
+  Job& job = *job_;
+  std::vector<FuturePtr> futures;
+  for (int i = 0; i < 1000; ++i) {
+    futures.push_back(job[i % 2].rpc_async(i % 3 == 0 ? "worker2" : "worker1", "aten::add",
+                                           {at::full({2}, double(i)), at::full({2}, 1.0)}));
+  }
+  std::vector<FuturePtr> mine(futures.begin(), futures.end());
+  auto values = wait_all(mine);
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(at::equal(values[i].toTensor(), at::full({2}, double(i + 1)))) << "call " << i;
+  }
+}
+
+TEST_F(RpcTest, TimeoutThatFiresAndOneThatDoesNot) {
+  Job& job = *job_;
+  Gate gate;
+  g_gate = &gate;
+  const auto start = Clock::now();
+  Error e = expect_error([&] { job[0].rpc_sync("worker1", "test.blocked", {int64_t{1}}, {}, milliseconds(200)); });
+  EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+  EXPECT_TRUE(contains(e.what(), "worker1") && contains(e.what(), "test.blocked") && contains(e.what(), "200 ms"))
+      << e.what();
+  EXPECT_LT(Clock::now() - start, milliseconds(5000));
+  auto slow = job[0].rpc_async("worker1", "test.blocked", {int64_t{2}}, {}, milliseconds(30000));
+  gate.wait_for_waiters(2);
+  gate.release();
+  slow->wait();
+  EXPECT_EQ(slow->value().toInt(), 2);  // the late reply of the first call was dropped, not mixed in
+  // Zero means no deadline.
+  EXPECT_EQ(job[0].rpc_sync("worker1", "test.blocked", {int64_t{3}}, {}, milliseconds(0)).toInt(), 3);
+  g_gate = nullptr;
+}
+
+TEST_F(RpcTest, TorchScriptModulesLoadedByName) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp ? tmp : "/tmp") + "/double.pt";
+  {
+    torch::jit::Module m("Doubler");
+    m.define(R"(
+      def forward(self, x):
+          return x * 2
+      def add(self, x, y: int):
+          return x + y
+    )");
+    m.save(path);
+  }
+  Options options;
+  options.scripts = {{"doubler", path}};
+  Job job(2, options);
+  at::Tensor t = at::arange(3, at::kFloat);
+  EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "torchscript:doubler", {t}).toTensor(), t * 2));
+  EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "torchscript:doubler:add", {t, int64_t{5}}).toTensor(), t + 5));
+  EXPECT_TRUE(
+      at::equal(job[0].rpc_sync("worker1", "torchscript:doubler:add", {t}, {{"y", int64_t{1}}}).toTensor(), t + 1));
+  Error e = expect_error([&] { job[0].rpc_sync("worker1", "torchscript:other", {t}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  e = expect_error([&] { job[0].rpc_sync("worker1", "torchscript:doubler:nope", {t}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  job.shutdown(true);
+}
+
+TEST(RpcJob, InvalidAndDuplicateNames) {
+  auto store = create_in_memory_store();
+  Options options;
+  options.store = store.get();
+  options.init_timeout = milliseconds(2000);
+  EXPECT_EQ(expect_error([&] { Runtime::create("bad name!", 0, 1, options); }).kind(), ErrorKind::kBadArgument);
+  EXPECT_EQ(expect_error([&] { Runtime::create(std::string(200, 'a'), 0, 1, options); }).kind(),
+            ErrorKind::kBadArgument);
+  std::unique_ptr<Runtime> other;
+  std::thread t([&] {
+    try {
+      other = Runtime::create("twin", 1, 2, options);
+    } catch (const Error&) {
+    }
+  });
+  Error e = expect_error([&] { Runtime::create("twin", 0, 2, options); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(contains(e.what(), "twin")) << e.what();
+  t.join();
+}
+
+TEST(RpcJob, GracefulShutdownLetsCallsInFlightComplete) {
+  Job job(2);
+  Gate gate;
+  g_gate = &gate;
+  auto a = job[0].rpc_async("worker1", "test.blocked", {int64_t{7}});
+  auto b = job[1].rpc_async("worker0", "test.blocked", {int64_t{8}});
+  gate.wait_for_waiters(2);
+  std::thread releaser([&] {
+    gate.release();
+  });
+  job.shutdown(true);  // waits for both calls, then stops
+  releaser.join();
+  ASSERT_TRUE(a->completed() && b->completed());
+  EXPECT_EQ(a->value().toInt(), 7);
+  EXPECT_EQ(b->value().toInt(), 8);
+  EXPECT_EQ(expect_error([&] { job[0].rpc_sync("worker1", "test.nothing"); }).kind(), ErrorKind::kShutdown);
+  g_gate = nullptr;
+}
+
+TEST(RpcJob, UngracefulShutdownFailsPendingCalls) {
+  Job job(2);
+  Gate gate;
+  g_gate = &gate;
+  auto pending = job[0].rpc_async("worker1", "test.blocked", {int64_t{1}});
+  gate.wait_for_waiters(1);
+  job[0].shutdown(false);
+  pending->wait();
+  ASSERT_TRUE(pending->hasError());
+  EXPECT_EQ(expect_error([&] { pending->value(); }).kind(), ErrorKind::kShutdown);
+  gate.release();
+  g_gate = nullptr;
+}
+
+TEST(RpcJob, BlockedHandlersDoNotDeadlockAsyncFunctions) {
+  // One handler thread per worker: a synchronous nested call would hold it; the async
+  // function frees it while the nested call is out.
+  Options options;
+  options.num_worker_threads = 1;
+  Job job(2, options);
+  std::vector<FuturePtr> futures;
+  for (int i = 0; i < 20; ++i) {
+    futures.push_back(job[i % 2].rpc_async(i % 2 ? "worker0" : "worker1", "test.relay_async",
+                                           {std::string(i % 2 ? "worker1" : "worker0"), at::ones({1})}));
+  }
+  for (auto& v : wait_all(futures)) EXPECT_EQ(v.toTensor().item<double>(), 11.0);
+}
+
+}  // namespace
+}  // namespace drpc
