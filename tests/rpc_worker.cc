@@ -1,0 +1,129 @@
+// A worker process for rpc_multiprocess_test.
+//   rpc_worker --rank=R --world_size=N --store_port=P --scenario=S
+// Exits 0 when the scenario's checks pass; prints what failed otherwise.
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <signal.h>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "drpc.h"
+
+DEFINE_int32(rank, 0, "rank");
+DEFINE_int32(world_size, 3, "world size");
+DEFINE_int32(store_port, 0, "the test's store on 127.0.0.1");
+DEFINE_string(scenario, "calls", "calls | peer_killed");
+
+using namespace drpc;
+using std::chrono::milliseconds;
+
+DRPC_REGISTER_FUNCTION("test.die", []() -> int64_t {
+  raise(SIGKILL);
+  return 0;
+});
+DRPC_REGISTER_FUNCTION("test.rank_plus", [](at::Tensor t) { return t + get_worker_info().id; });
+
+namespace {
+
+int failures = 0;
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    std::cerr << "worker" << FLAGS_rank << ": FAILED " << what << "\n";
+    ++failures;
+  }
+}
+
+std::string name(int r) { return "worker" + std::to_string(r); }
+
+// Every worker calls every other (and itself) many times at once, then leaves gracefully
+// while its last calls may still be in flight elsewhere.
+void calls() {
+  std::vector<FuturePtr> futures;
+  std::vector<double> expected;
+  for (int i = 0; i < 300; ++i) {
+    const int to = i % FLAGS_world_size;
+    futures.push_back(rpc_async(name(to), i % 2 ? "test.rank_plus" : "aten::add",
+                                i % 2 ? std::vector<c10::IValue>{at::full({4}, double(i))}
+                                      : std::vector<c10::IValue>{at::full({4}, double(i)), at::ones({4})}));
+    expected.push_back(i % 2 ? i + to : i + 1);
+  }
+  auto values = wait_all(futures);
+  for (size_t i = 0; i < values.size(); ++i) {
+    check(at::equal(values[i].toTensor(), at::full({4}, expected[i])), "call " + std::to_string(i));
+  }
+  // A last burst that is still in flight when shutdown starts: graceful shutdown waits.
+  auto last = rpc_async(name((FLAGS_rank + 1) % FLAGS_world_size), "aten::mul", {at::full({2}, 3.0), 2.0});
+  shutdown(true);
+  check(last->completed() && !last->hasError() && at::equal(last->value().toTensor(), at::full({2}, 6.0)),
+        "the call in flight at shutdown");
+}
+
+// worker1 dies inside a call from worker0; worker0's pending calls to it fail within 2 s
+// naming it, and worker0 and worker2 keep working.
+void peer_killed() {
+  if (FLAGS_rank != 0) {
+    process_group().barrier()->wait();  // the job is up
+    if (FLAGS_rank == 2) {
+      // Wait for worker0's verdict, then leave.
+      at::Tensor done = at::empty({1});
+      process_group().recv({done}, 0, 99)->wait();
+      shutdown(false);
+    } else {
+      // worker1: serve until killed.
+      process_group().recv({at::empty({1})}, 0, 98)->wait();
+    }
+    return;
+  }
+  process_group().barrier()->wait();
+  auto slow = rpc_async(name(1), "test.rank_plus", {at::ones({1})}, {}, milliseconds(60000));
+  slow->wait();
+  const auto start = std::chrono::steady_clock::now();
+  auto dying = rpc_async(name(1), "test.die", {}, {}, milliseconds(60000));
+  dying->wait();
+  const auto took = std::chrono::steady_clock::now() - start;
+  check(dying->hasError(), "a call to a killed worker failed");
+  try {
+    dying->value();
+  } catch (const Error& e) {
+    check(e.kind() == ErrorKind::kPeerUnavailable, std::string("kind PeerUnavailable: ") + e.what());
+    check(std::string(e.what()).find("worker1") != std::string::npos, std::string("names worker1: ") + e.what());
+  }
+  check(took < milliseconds(2000), "failed within 2 s");
+  try {
+    rpc_sync(name(1), "aten::add", {at::ones({1}), at::ones({1})});
+    check(false, "later calls to the dead worker fail");
+  } catch (const Error& e) {
+    check(e.kind() == ErrorKind::kPeerUnavailable, std::string("later call: ") + e.what());
+  }
+  check(at::equal(rpc_sync(name(2), "test.rank_plus", {at::ones({1})}).toTensor(), at::full({1}, 3.0)),
+        "worker2 still serves");
+  process_group().send({at::ones({1})}, 2, 99)->wait();
+  shutdown(false);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  try {
+    Options options;
+    options.master_port = FLAGS_store_port;
+    options.host_store = false;
+    options.init_timeout = milliseconds(30000);
+    init_rpc(name(FLAGS_rank), FLAGS_rank, FLAGS_world_size, options);
+    if (FLAGS_scenario == "peer_killed") {
+      peer_killed();
+    } else {
+      calls();
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "worker" << FLAGS_rank << ": " << e.what() << "\n";
+    return 2;
+  }
+  return failures == 0 ? 0 : 1;
+}
