@@ -627,10 +627,12 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
         it->second.pop_front();
         return frame;
       }
-      if (!dead_.empty()) {
-        const auto& [peer, reason] = *dead_.begin();
+      // Only the peer waited on matters: a rank that finished this collective may already
+      // have left, and a rank that died elsewhere makes its neighbours abort this one.
+      auto dead = dead_.find(src);
+      if (dead != dead_.end()) {
         throw Error(ErrorKind::kPeerUnavailable,
-                    call.what() + ": rank " + std::to_string(peer) + " is gone (" + reason.message() + ")");
+                    call.what() + ": rank " + std::to_string(src) + " is gone (" + dead->second.message() + ")");
       }
       if (changed_.wait_until(lock, deadline) == std::cv_status::timeout &&
           Clock::now() >= deadline) {

@@ -27,6 +27,8 @@ constexpr char kExchangeMethod[] = "/drpc.pg.Peer/Exchange";
 // zero-copy slice with its own release callback.
 constexpr size_t kInlineBytes = 16 * 1024;
 constexpr uint32_t kMaxHeaderBytes = 16 << 20;
+// How long a leaving rank waits for its peers to acknowledge its goodbye.
+constexpr std::chrono::milliseconds kGoodbyeTimeout{2000};
 
 // Appends one frame, [u32 header length][header][tensor bytes], to `slices`. Small tensors
 // are copied beside the header; large ones are slices over their own storage, which the
@@ -317,26 +319,27 @@ class GrpcTransport final : public Transport {
       if (shut_down_) return;
       shut_down_ = true;
     }
-    // Say goodbye first, so peers report an orderly leave rather than a broken link.
-    auto goodbyes = std::make_shared<std::atomic<int>>(0);
+    // Say goodbye and wait for each peer's acknowledgement: it proves the peer has read
+    // everything sent before, which cancelling the streams could otherwise discard.
     pg::FrameHeader goodbye;
     goodbye.set_kind(pg::FrameHeader::GOODBYE);
+    std::vector<int> waiting;
     for (int r = 0; r < size_; ++r) {
       if (r == rank_ || !is_connected(r)) continue;
       try {
-        goodbyes->fetch_add(1);
-        send(r, goodbye, {}, [this, goodbyes](std::exception_ptr) {
-          goodbyes->fetch_sub(1);
-          std::lock_guard<std::mutex> lock(mu_);
-          changed_.notify_all();
-        });
+        send(r, goodbye, {}, nullptr);
+        waiting.push_back(r);
       } catch (const Error&) {
-        goodbyes->fetch_sub(1);
       }
     }
     {
       std::unique_lock<std::mutex> lock(mu_);
-      changed_.wait_for(lock, milliseconds(1000), [&] { return goodbyes->load() == 0; });
+      changed_.wait_for(lock, kGoodbyeTimeout, [&] {
+        for (int r : waiting) {
+          if (!peers_[r]->acked_goodbye && !peers_[r]->lost) return false;
+        }
+        return true;
+      });
     }
     stopping_ = true;
     for (auto& peer : peers_) {
@@ -432,8 +435,25 @@ class GrpcTransport final : public Transport {
     for (auto& frame : frames) {
       switch (frame.header.kind()) {
         case pg::FrameHeader::GOODBYE: {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            peers_[peer]->said_goodbye = true;
+          }
+          pg::FrameHeader ack;
+          ack.set_kind(pg::FrameHeader::GOODBYE_ACK);
+          std::vector<grpc::Slice> slices;
+          encode_frame(ack, {}, &slices);
+          try {
+            peers_[peer]->outbox.send(std::move(slices), nullptr);
+          } catch (const Error&) {
+            // We are leaving too; the peer stops waiting when our stream closes.
+          }
+          break;
+        }
+        case pg::FrameHeader::GOODBYE_ACK: {
           std::lock_guard<std::mutex> lock(mu_);
-          peers_[peer]->said_goodbye = true;
+          peers_[peer]->acked_goodbye = true;
+          changed_.notify_all();
           break;
         }
         case pg::FrameHeader::HELLO:
@@ -457,6 +477,7 @@ class GrpcTransport final : public Transport {
       was_connected = p.connected;
       if (p.said_goodbye) reason = "rank " + std::to_string(peer) + " shut down";
     }
+    changed_.notify_all();  // a leaving rank stops waiting for this peer's goodbye
     const Error error(why.kind(), reason);
     peers_[peer]->outbox.close(error);
     if (peers_[peer]->client) peers_[peer]->client->cancel();
@@ -481,6 +502,7 @@ class GrpcTransport final : public Transport {
     bool connected = false;
     bool server_attached = false;
     bool said_goodbye = false;
+    bool acked_goodbye = false;
     bool lost = false;
     std::string refusal;  // why the peer refused our hello
   };

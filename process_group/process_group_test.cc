@@ -176,7 +176,11 @@ TEST(ProcessGroupErrors, CollectiveTimesOutAndTheLateRankLearnsWhy) {
   EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
   EXPECT_TRUE(contains(e.what(), "300 ms") && contains(e.what(), "rank 1")) << e.what();
   EXPECT_LT(Clock::now() - start, milliseconds(5000));
-  // Rank 1 arrives late: it fails at once with rank 0's reason instead of waiting.
+  // Rank 1 arrives late: it fails at once with rank 0's reason instead of waiting. (The
+  // p2p message travels behind rank 0's abort on the same stream: once it is here, so is
+  // the abort. Without it the late rank could still combine rank 0's data, sent earlier.)
+  group.ranks[0]->send({at::ones({1})}, 1, 77)->wait();
+  group.ranks[1]->recv({at::empty({1})}, 0, 77)->wait(milliseconds(5000));
   e = expect_error([&] { group.ranks[1]->allreduce(t, ReduceOp::kSum)->wait(); });
   EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
   EXPECT_TRUE(contains(e.what(), "rank 0")) << e.what();
