@@ -11,6 +11,9 @@
 #include "process_group/prefix_store.h"
 #include "rpc/process_group_agent.h"
 #include "rpc/value_codec.h"
+#include "rref/rref_context.h"
+
+#include <torch/csrc/jit/api/module.h>
 
 namespace drpc {
 namespace {
@@ -62,27 +65,28 @@ class CurrentRuntime {
   Runtime* previous_;
 };
 
-Message encode_call(const std::string& fn, const std::vector<c10::IValue>& args, const Kwargs& kwargs) {
+Message encode_call(const std::string& fn, const std::vector<c10::IValue>& args, const Kwargs& kwargs,
+                    const ValueHooks& hooks) {
   rpc::Call call;
   call.set_function(fn);
   Message message;
   message.type = kCallRequest;
   for (size_t i = 0; i < args.size(); ++i) {
-    encode_value(args[i], call.add_args(), &message.tensors, fn + ": args[" + std::to_string(i) + "]");
+    encode_value(args[i], call.add_args(), &message.tensors, fn + ": args[" + std::to_string(i) + "]", &hooks);
   }
   for (const auto& [name, value] : kwargs) {
     rpc::Kwarg* kw = call.add_kwargs();
     kw->set_name(name);
-    encode_value(value, kw->mutable_value(), &message.tensors, fn + ": kwarg " + name);
+    encode_value(value, kw->mutable_value(), &message.tensors, fn + ": kwarg " + name, &hooks);
   }
   message.payload = call.SerializeAsString();
   return message;
 }
 
-c10::IValue decode_result(const Message& message) {
+c10::IValue decode_result(const Message& message, const ValueHooks& hooks) {
   rpc::Value value;
   if (!value.ParseFromString(message.payload)) throw Error(ErrorKind::kProtocol, "malformed reply");
-  return decode_value(value, message.tensors);
+  return decode_value(value, message.tensors, &hooks);
 }
 
 class RuntimeImpl final : public Runtime {
@@ -130,7 +134,18 @@ class RuntimeImpl final : public Runtime {
       factory = it->second;
     }
     agent_ = factory(*group_, workers, options);
-    agent_->register_handler(kCallRequest, [this](const WorkerInfo&, Message request) { return serve_call(request); });
+    rref_ = create_rref_context(
+        *agent_,
+        [this](const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs) {
+          CurrentRuntime current(this);
+          return functions_.call(fn, CallArgs{std::move(args), std::move(kwargs)}, agent_->self().name);
+        },
+        [this](const c10::IValue& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs) {
+          CurrentRuntime current(this);
+          return apply(value, fn, std::move(args), std::move(kwargs));
+        });
+    agent_->register_handler(kCallRequest,
+                             [this](const WorkerInfo& from, Message request) { return serve_call(from, request); });
     agent_->start();
   }
 
@@ -144,11 +159,23 @@ class RuntimeImpl final : public Runtime {
                       std::chrono::milliseconds timeout) override {
     const WorkerInfo dst = agent_->worker(to);
     if (timeout == kDefaultTimeout) timeout = agent_->default_timeout();
-    Message request = encode_call(fn, args, kwargs);
+    ValueHooks hooks = rref_->hooks(dst.id);
+    Message request = encode_call(fn, args, kwargs, hooks);
     FuturePtr reply = agent_->send(dst, std::move(request), timeout, fn);
-    return reply->then([](c10::ivalue::Future& done) { return decode_result(message_from_ivalue(done.value())); },
-                       c10::AnyType::get());
+    return reply->then(
+        [hooks](c10::ivalue::Future& done) { return decode_result(message_from_ivalue(done.value()), hooks); },
+        c10::AnyType::get());
   }
+
+  RRef remote(const std::string& to, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+              std::chrono::milliseconds timeout) override {
+    const WorkerInfo dst = agent_->worker(to);
+    if (timeout == kDefaultTimeout) timeout = agent_->default_timeout();
+    return rref_->remote(dst, fn, std::move(args), std::move(kwargs), timeout);
+  }
+
+  RRef make_local(c10::IValue value) override { return rref_->make_local(std::move(value)); }
+  RRefCounts rref_counts() override { return rref_->counts(); }
 
   FunctionRegistry& functions() override { return functions_; }
   RpcAgent& agent() override { return *agent_; }
@@ -159,30 +186,80 @@ class RuntimeImpl final : public Runtime {
     if (shut_down_) return;
     shut_down_ = true;
     // The objects stay (until destruction) so later calls fail with kShutdown.
+    if (graceful) {
+      // Pending forks settle, this worker's references are deleted, every worker waits
+      // for the job to go quiet: then whatever an owner still holds is a leak.
+      rref_->release_all(options_.rpc_timeout);
+      try {
+        agent_->join();
+        for (const auto& leak : rref_->leaks()) LOG(WARNING) << agent_->self().name << ": leaked " << leak;
+      } catch (const Error& e) {
+        LOG(WARNING) << agent_->self().name << ": " << e.what();
+      }
+    }
     agent_->shutdown(graceful);
+    rref_->shutdown();
     group_->shutdown();
     if (store_server_) store_server_->shutdown();
   }
 
  private:
-  FuturePtr serve_call(const Message& request) {
+  FuturePtr serve_call(const WorkerInfo& from, const Message& request) {
     CurrentRuntime current(this);
     rpc::Call call;
     if (!call.ParseFromString(request.payload)) throw Error(ErrorKind::kProtocol, "malformed call");
+    ValueHooks hooks = rref_->hooks(from.id);
     CallArgs args;
-    for (const auto& v : call.args()) args.args.push_back(decode_value(v, request.tensors));
-    for (const auto& kw : call.kwargs()) args.kwargs.emplace_back(kw.name(), decode_value(kw.value(), request.tensors));
-    FuturePtr result = functions_.call(call.function(), std::move(args), agent_->self().name);
+    for (const auto& v : call.args()) args.args.push_back(decode_value(v, request.tensors, &hooks));
+    for (const auto& kw : call.kwargs()) {
+      args.kwargs.emplace_back(kw.name(), decode_value(kw.value(), request.tensors, &hooks));
+    }
+    std::vector<c10::IValue> all = args.args;
+    for (const auto& kw : args.kwargs) all.push_back(kw.second);
     const std::string fn = call.function();
+    // The function runs once the owners have confirmed every RRef among its arguments.
+    auto result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+    when_done_on_pool(*agent_, rref_->confirmations(all), [this, fn, args, result]() mutable {
+      CurrentRuntime current(this);
+      FuturePtr out = functions_.call(fn, std::move(args), agent_->self().name);
+      out->addCallback([result](c10::ivalue::Future& o) {
+        if (o.hasError()) {
+          result->setError(o.exception_ptr());
+        } else {
+          result->markCompleted(o.value());
+        }
+      });
+    });
     return result->then(
-        [fn](c10::ivalue::Future& done) {
+        [fn, hooks](c10::ivalue::Future& done) {
           Message reply;
           rpc::Value value;
-          encode_value(done.value(), &value, &reply.tensors, fn + ": result");
+          encode_value(done.value(), &value, &reply.tensors, fn + ": result", &hooks);
           reply.payload = value.SerializeAsString();
           return message_to_ivalue(std::move(reply));
         },
         c10::AnyType::get());
+  }
+
+  // `fn` on a value this worker owns: a TorchScript object's method, else a registered
+  // function (or operator) with the value as its first argument.
+  FuturePtr apply(const c10::IValue& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs) {
+    if (value.isObject()) {
+      auto future = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+      try {
+        torch::jit::Module module(value.toObject());
+        CallArgs call{std::move(args), std::move(kwargs)};
+        future->markCompleted(FunctionRegistry::call_script(module, fn, call));
+      } catch (const Error&) {
+        future->setError(std::current_exception());
+      } catch (const std::exception& e) {
+        future->setError(std::make_exception_ptr(
+            Error(ErrorKind::kRemote, fn + " raised on " + agent_->self().name + ": " + e.what())));
+      }
+      return future;
+    }
+    args.insert(args.begin(), value);
+    return functions_.call(fn, CallArgs{std::move(args), std::move(kwargs)}, agent_->self().name);
   }
 
   const Options options_;
@@ -191,6 +268,7 @@ class RuntimeImpl final : public Runtime {
   std::unique_ptr<ProcessGroup> group_;
   FunctionRegistry functions_;
   std::unique_ptr<RpcAgent> agent_;
+  std::shared_ptr<RRefContext> rref_;  // destroyed before the agent it registered with
   std::mutex shutdown_mu_;
   bool shut_down_ = false;  // guarded by shutdown_mu_
 };
@@ -252,6 +330,13 @@ std::vector<c10::IValue> wait_all(const std::vector<FuturePtr>& futures) {
 }
 
 ProcessGroup& process_group() { return current_runtime().process_group(); }
+
+RRef remote(const std::string& to, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+            std::chrono::milliseconds timeout) {
+  return current_runtime().remote(to, fn, std::move(args), std::move(kwargs), timeout);
+}
+
+RRef RRef::make_local(c10::IValue value) { return current_runtime().make_local(std::move(value)); }
 
 void shutdown(bool graceful) {
   std::unique_ptr<Runtime> runtime;

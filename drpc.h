@@ -17,11 +17,11 @@
 #include "process_group/store.h"
 #include "rpc/function_registry.h"
 #include "rpc/rpc_agent.h"
+#include "rref/rref.h"
 
 namespace drpc {
 
 using RpcError = Error;
-using Kwargs = std::vector<std::pair<std::string, c10::IValue>>;
 
 // Pass as a timeout to use the job's default (Options::rpc_timeout); 0 means no deadline.
 constexpr std::chrono::milliseconds kDefaultTimeout{-1};
@@ -68,6 +68,13 @@ class Runtime {
   c10::IValue rpc_sync(const std::string& to, const std::string& fn, std::vector<c10::IValue> args = {},
                        Kwargs kwargs = {}, std::chrono::milliseconds timeout = kDefaultTimeout);
 
+  // Runs `fn` on `to` and returns at once an RRef to the result, which stays on `to`.
+  // Errors of the call are raised by to_here() and later uses.
+  virtual RRef remote(const std::string& to, const std::string& fn, std::vector<c10::IValue> args = {},
+                      Kwargs kwargs = {}, std::chrono::milliseconds timeout = kDefaultTimeout) = 0;
+  virtual RRef make_local(c10::IValue value) = 0;
+  virtual RRefCounts rref_counts() = 0;
+
   virtual FunctionRegistry& functions() = 0;
   virtual RpcAgent& agent() = 0;
   virtual ProcessGroup& process_group() = 0;
@@ -88,6 +95,8 @@ FuturePtr rpc_async(const std::string& to, const std::string& fn, std::vector<c1
                     Kwargs kwargs = {}, std::chrono::milliseconds timeout = kDefaultTimeout);
 c10::IValue rpc_sync(const std::string& to, const std::string& fn, std::vector<c10::IValue> args = {},
                      Kwargs kwargs = {}, std::chrono::milliseconds timeout = kDefaultTimeout);
+RRef remote(const std::string& to, const std::string& fn, std::vector<c10::IValue> args = {}, Kwargs kwargs = {},
+           std::chrono::milliseconds timeout = kDefaultTimeout);
 // Waits for every future; returns their values, or throws the first error.
 std::vector<c10::IValue> wait_all(const std::vector<FuturePtr>& futures);
 ProcessGroup& process_group();

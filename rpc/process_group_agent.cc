@@ -97,6 +97,15 @@ class ProcessGroupAgent final : public RpcAgent {
     return future;
   }
 
+  void run_on_pool(std::function<void()> task) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      queue_.push_back(std::move(task));
+    }
+    pool_cv_.notify_one();
+  }
+
   void start() override {
     std::deque<std::pair<int, PgMessage>> held;
     {

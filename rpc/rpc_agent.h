@@ -78,6 +78,10 @@ class RpcAgent {
   virtual void register_handler(int32_t type, Handler handler) = 0;
   virtual void add_interceptor(Interceptor interceptor) = 0;
 
+  // Runs `task` on a handler thread, where it may block (unlike future callbacks, which
+  // can run on network threads). Dropped after shutdown.
+  virtual void run_on_pool(std::function<void()> task) = 0;
+
   // Starts serving requests. Messages that arrive before are held until then.
   virtual void start() = 0;
 
@@ -89,5 +93,16 @@ class RpcAgent {
   // with kShutdown. Idempotent.
   virtual void shutdown(bool graceful) = 0;
 };
+
+// Runs `fn` once `future` completes: at once if it has, else on one of `agent`'s handler
+// threads, never on the thread that completes the future (which may be a network thread).
+inline void when_done_on_pool(RpcAgent& agent, const FuturePtr& future, std::function<void()> fn) {
+  if (future->completed()) {
+    fn();
+    return;
+  }
+  RpcAgent* a = &agent;
+  future->addCallback([a, fn = std::move(fn)](c10::ivalue::Future&) mutable { a->run_on_pool(std::move(fn)); });
+}
 
 }  // namespace drpc

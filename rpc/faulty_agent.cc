@@ -1,0 +1,129 @@
+#include "rpc/faulty_agent.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+namespace drpc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class FaultyAgent final : public RpcAgent {
+ public:
+  FaultyAgent(std::unique_ptr<RpcAgent> inner, Faults faults) : inner_(std::move(inner)), faults_(std::move(faults)) {
+    delayer_ = std::thread([this] { delay_loop(); });
+  }
+  ~FaultyAgent() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+    delayer_.join();
+  }
+
+  const WorkerInfo& self() const override { return inner_->self(); }
+  WorkerInfo worker(const std::string& name) const override { return inner_->worker(name); }
+  WorkerInfo worker(int id) const override { return inner_->worker(id); }
+  std::vector<WorkerInfo> workers() const override { return inner_->workers(); }
+  std::chrono::milliseconds default_timeout() const override { return inner_->default_timeout(); }
+  void register_handler(int32_t type, Handler handler) override { inner_->register_handler(type, std::move(handler)); }
+  void add_interceptor(Interceptor interceptor) override { inner_->add_interceptor(std::move(interceptor)); }
+  void start() override { inner_->start(); }
+  void run_on_pool(std::function<void()> task) override { inner_->run_on_pool(std::move(task)); }
+  void join() override {
+    // Delayed sends count as outstanding: wait for them to leave first.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return delayed_.empty() || stopped_; });
+    lock.unlock();
+    inner_->join();
+  }
+  void shutdown(bool graceful) override {
+    if (graceful) join();
+    inner_->shutdown(graceful);
+  }
+
+  FuturePtr send(const WorkerInfo& to, Message request, std::chrono::milliseconds timeout,
+                 const std::string& what) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto drop = faults_.drop.find(request.type);
+    if (drop != faults_.drop.end() && drop->second > 0) {
+      --drop->second;
+      ++dropped_;
+      lock.unlock();
+      auto future = make_message_future();
+      future->setError(std::make_exception_ptr(Error(ErrorKind::kTimeout, what + " was dropped by the faulty agent")));
+      return future;
+    }
+    auto delay = faults_.delay.find(request.type);
+    if (delay == faults_.delay.end()) {
+      lock.unlock();
+      return inner_->send(to, std::move(request), timeout, what);
+    }
+    auto future = make_message_future();
+    delayed_.emplace(Clock::now() + delay->second, Delayed{to, std::move(request), timeout, what, future});
+    cv_.notify_all();
+    return future;
+  }
+
+ private:
+  struct Delayed {
+    WorkerInfo to;
+    Message request;
+    std::chrono::milliseconds timeout;
+    std::string what;
+    FuturePtr future;
+  };
+
+  void delay_loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopped_) {
+      if (delayed_.empty()) {
+        cv_.wait(lock);
+        continue;
+      }
+      auto next = delayed_.begin();
+      if (Clock::now() < next->first) {
+        cv_.wait_until(lock, next->first);
+        continue;
+      }
+      Delayed d = std::move(next->second);
+      delayed_.erase(next);
+      lock.unlock();
+      try {
+        FuturePtr real = inner_->send(d.to, std::move(d.request), d.timeout, d.what);
+        FuturePtr out = d.future;
+        real->addCallback([out](c10::ivalue::Future& r) {
+          if (r.hasError()) {
+            out->setError(r.exception_ptr());
+          } else {
+            out->markCompleted(r.value());
+          }
+        });
+      } catch (...) {
+        d.future->setError(std::current_exception());
+      }
+      lock.lock();
+      cv_.notify_all();
+    }
+  }
+
+  std::unique_ptr<RpcAgent> inner_;
+  std::thread delayer_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  // Guarded by mu_.
+  Faults faults_;
+  std::multimap<Clock::time_point, Delayed> delayed_;
+  int dropped_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<RpcAgent> create_faulty_agent(std::unique_ptr<RpcAgent> inner, Faults faults) {
+  return std::make_unique<FaultyAgent>(std::move(inner), std::move(faults));
+}
+
+}  // namespace drpc

@@ -1,0 +1,852 @@
+#include "rref/rref_context.h"
+
+#include <glog/logging.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "rref/proto/rref.pb.h"
+
+namespace drpc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+struct Id {
+  int worker = -1;
+  int64_t local = -1;
+  bool operator<(const Id& o) const { return std::tie(worker, local) < std::tie(o.worker, o.local); }
+  bool operator==(const Id& o) const { return worker == o.worker && local == o.local; }
+  std::string str() const { return std::to_string(worker) + ":" + std::to_string(local); }
+};
+
+Id from_proto(const rref::Id& p) { return Id{p.worker(), p.local()}; }
+void to_proto(const Id& id, rref::Id* p) {
+  p->set_worker(id.worker);
+  p->set_local(id.local);
+}
+
+FuturePtr any_future() { return c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get()); }
+
+FuturePtr completed_message(Message m) {
+  auto f = make_message_future();
+  f->markCompleted(message_to_ivalue(std::move(m)));
+  return f;
+}
+
+// Waits for `future` up to `timeout` (<= 0: forever); throws kTimeout naming `what`.
+void wait_for(const FuturePtr& future, milliseconds timeout, const std::string& what) {
+  if (timeout.count() <= 0) {
+    future->wait();
+    return;
+  }
+  struct Waiter {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto waiter = std::make_shared<Waiter>();
+  future->addCallback([waiter](c10::ivalue::Future&) {
+    std::lock_guard<std::mutex> lock(waiter->mu);
+    waiter->done = true;
+    waiter->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(waiter->mu);
+  if (!waiter->cv.wait_for(lock, timeout, [&] { return waiter->done; })) {
+    throw Error(ErrorKind::kTimeout, what + " timed out after " + std::to_string(timeout.count()) + " ms");
+  }
+}
+
+// Every RRef inside `value`, recursively.
+void collect_rrefs(const c10::IValue& value, std::vector<c10::intrusive_ptr<RRefImpl>>* out) {
+  if (value.isRRef()) {
+    if (auto impl = intrusive_cast<RRefImpl>(value.toRRef())) out->push_back(impl);
+  } else if (value.isList()) {
+    for (const auto& v : value.toListRef()) collect_rrefs(v, out);
+  } else if (value.isTuple()) {
+    for (const auto& v : value.toTupleRef().elements()) collect_rrefs(v, out);
+  } else if (value.isGenericDict()) {
+    for (const auto& e : value.toGenericDict()) collect_rrefs(e.value(), out);
+  }
+}
+
+class ContextImpl;
+
+class OwnerRRef final : public RRefImpl {
+ public:
+  OwnerRRef(std::shared_ptr<ContextImpl> context, Id id, WorkerInfo self);
+  // Runs when the last strong reference goes while the context's weak index still
+  // points here; the object itself lives on until the index lets go. Without weak
+  // references c10 skips it and only destroys the object: both paths release once.
+  void release_resources() override { release(); }
+  ~OwnerRRef() override { release(); }
+  void release();
+
+  c10::worker_id_t owner() const override { return static_cast<c10::worker_id_t>(self_.id); }
+  std::string ownerName() const override { return self_.name; }
+  bool isOwner() const override { return true; }
+  bool confirmedByOwner() const override { return true; }
+  const c10::TypePtr type() const override { return c10::AnyType::get(); }
+  std::string id_string() const override { return id_.str(); }
+
+  c10::IValue to_here(milliseconds timeout) override {
+    wait_for(value_, timeout, "to_here of RRef " + id_.str());
+    return value_->value();  // rethrows a failed creation
+  }
+  c10::IValue local_value() override { return to_here(milliseconds(0)); }
+  FuturePtr confirmation() override {
+    auto f = any_future();
+    f->markCompleted(c10::IValue());
+    return f;
+  }
+  FuturePtr call_on_owner(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                          milliseconds timeout) override;
+  RRef remote_on_owner(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                       milliseconds timeout) override;
+
+  const Id& id() const { return id_; }
+  const FuturePtr& value_future() const { return value_; }
+
+ private:
+  std::weak_ptr<ContextImpl> context_;
+  const Id id_;
+  const WorkerInfo self_;
+  FuturePtr value_ = any_future();
+  std::atomic<bool> released_{false};
+};
+
+class UserRRef final : public RRefImpl {
+ public:
+  UserRRef(std::shared_ptr<ContextImpl> context, Id rref, Id fork, WorkerInfo owner);
+  ~UserRRef() override;
+
+  c10::worker_id_t owner() const override { return static_cast<c10::worker_id_t>(owner_.id); }
+  std::string ownerName() const override { return owner_.name; }
+  bool isOwner() const override { return false; }
+  bool confirmedByOwner() const override { return confirmed_->completed(); }
+  const c10::TypePtr type() const override { return c10::AnyType::get(); }
+  std::string id_string() const override { return rref_.str(); }
+
+  c10::IValue to_here(milliseconds timeout) override;
+  c10::IValue local_value() override {
+    throw Error(ErrorKind::kBadArgument, "local_value() of RRef " + rref_.str() + " on a worker that is not its owner (" +
+                                             owner_.name + " is)");
+  }
+  FuturePtr confirmation() override { return confirmed_; }
+  FuturePtr call_on_owner(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                          milliseconds timeout) override;
+  RRef remote_on_owner(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                       milliseconds timeout) override;
+
+  const Id& rref() const { return rref_; }
+  const Id& fork() const { return fork_; }
+  const WorkerInfo& owner_info() const { return owner_; }
+
+ private:
+  std::weak_ptr<ContextImpl> context_;
+  const Id rref_;
+  const Id fork_;
+  const WorkerInfo owner_;
+  FuturePtr confirmed_ = any_future();
+};
+
+class ContextImpl final : public RRefContext, public std::enable_shared_from_this<ContextImpl> {
+ public:
+  ContextImpl(RpcAgent& agent, Run run, Apply apply, const RRefOptions& options)
+      : agent_(agent), run_(std::move(run)), apply_(std::move(apply)), options_(options) {}
+
+  ~ContextImpl() override { shutdown(); }
+
+  void install() {
+    auto handler = [this](auto method) {
+      return [this, method](const WorkerInfo& from, Message m) { return (this->*method)(from, std::move(m)); };
+    };
+    agent_.register_handler(kRRefRemoteCall, handler(&ContextImpl::on_remote_call));
+    agent_.register_handler(kRRefFetch, handler(&ContextImpl::on_fetch));
+    agent_.register_handler(kRRefUserDelete, handler(&ContextImpl::on_user_delete));
+    agent_.register_handler(kRRefForkRequest, handler(&ContextImpl::on_fork_request));
+    agent_.register_handler(kRRefChildAccept, handler(&ContextImpl::on_child_accept));
+    agent_.register_handler(kRRefApply, handler(&ContextImpl::on_apply));
+    retry_thread_ = std::thread([this] { retry_loop(); });
+  }
+
+  // --- RRefContext ----------------------------------------------------------------------
+  RRef remote(const WorkerInfo& to, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+              milliseconds timeout) override {
+    return remote_impl(to, fn, std::move(args), std::move(kwargs), timeout, nullptr);
+  }
+
+  RRef make_local(c10::IValue value) override {
+    auto owner = new_owner(next_id());
+    owner->value_future()->markCompleted(std::move(value));
+    return RRef(owner);
+  }
+
+  ValueHooks hooks(int peer) override {
+    ValueHooks hooks;
+    auto self = shared_from_this();
+    hooks.encode_custom = [self, peer](const c10::IValue& value, std::string* bytes) {
+      if (!value.isRRef()) return false;
+      auto impl = intrusive_cast<RRefImpl>(value.toRRef());
+      if (!impl) throw Error(ErrorKind::kBadArgument, "an RRef of another RPC framework cannot be sent");
+      *bytes = self->fork(impl, peer).SerializeAsString();
+      return true;
+    };
+    hooks.decode_custom = [self, peer](const std::string& bytes) {
+      rref::ForkData data;
+      if (!data.ParseFromString(bytes)) throw Error(ErrorKind::kProtocol, "malformed RRef");
+      return self->accept(data, peer);
+    };
+    return hooks;
+  }
+
+  FuturePtr confirmations(const std::vector<c10::IValue>& values) override {
+    std::vector<c10::intrusive_ptr<RRefImpl>> rrefs;
+    for (const auto& v : values) collect_rrefs(v, &rrefs);
+    auto all = any_future();
+    auto left = std::make_shared<std::atomic<int>>(static_cast<int>(rrefs.size()) + 1);
+    auto one_done = [all, left](c10::ivalue::Future&) {
+      if (left->fetch_sub(1) == 1) all->markCompleted(c10::IValue());
+    };
+    for (auto& r : rrefs) r->confirmation()->addCallback(one_done);
+    one_done(*all);  // the +1
+    return all;
+  }
+
+  RRefCounts counts() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    RRefCounts c;
+    c.owners = static_cast<int64_t>(owners_.size());
+    c.owner_values = live_owner_values_;
+    c.pending_children = static_cast<int64_t>(pending_children_.size());
+    for (const auto& [fork, user] : users_) {
+      if (user.alive && !user.released) ++c.users;
+      if (!user.confirmation->completed()) ++c.pending_users;
+    }
+    return c;
+  }
+
+  void release_all(milliseconds timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    std::unique_lock<std::mutex> lock(mu_);
+    auto settled = [&] {
+      if (!pending_children_.empty()) return false;
+      for (const auto& [fork, user] : users_) {
+        if (!user.confirmation->completed()) return false;
+      }
+      return true;
+    };
+    if (!changed_.wait_until(lock, deadline, settled)) {
+      LOG(WARNING) << agent_.self().name << ": leaving with " << pending_children_.size()
+                   << " RRef forks the owners never confirmed";
+    }
+    // Delete every remaining user reference now; their handles become inert.
+    for (auto it = users_.begin(); it != users_.end();) {
+      UserState& user = it->second;
+      if (!user.released && user.confirmation->completed()) {
+        user.released = true;
+        send_control_locked(user.owner, kRRefUserDelete, user.rref, it->first);
+      }
+      it = user.alive ? std::next(it) : users_.erase(it);
+    }
+    changed_.wait_until(lock, deadline, [&] { return controls_in_flight_ == 0; });
+  }
+
+  std::vector<std::string> leaks() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> out;
+    for (const auto& [id, owner] : owners_) {
+      std::string forks;
+      for (const auto& f : forks_[id]) forks += (forks.empty() ? "" : ", ") + f.str();
+      out.push_back("RRef " + id.str() + " still referenced by forks " + forks);
+    }
+    return out;
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+      retries_.clear();
+    }
+    changed_.notify_all();
+    if (retry_thread_.joinable()) retry_thread_.join();
+  }
+
+  // --- used by the RRef objects ---------------------------------------------------------
+  const WorkerInfo& self() const { return agent_.self(); }
+
+  void owner_created() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++live_owner_values_;
+  }
+  void owner_destroyed(const Id& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --live_owner_values_;
+    auto it = all_owners_.find(id);
+    if (it != all_owners_.end() && it->second.expired()) all_owners_.erase(it);
+  }
+
+  void user_created(const Id& rref, const Id& fork, int owner, FuturePtr confirmation) {
+    std::lock_guard<std::mutex> lock(mu_);
+    users_[fork] = UserState{rref, owner, std::move(confirmation)};
+  }
+
+  // The last handle of a user reference on this worker is gone: tell the owner, once it
+  // knows of the fork (deleting an unconfirmed fork could free the value too early).
+  void user_destroyed(const Id& fork) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = users_.find(fork);
+    if (it == users_.end()) return;
+    UserState& user = it->second;
+    user.alive = false;
+    if (user.released) {
+      users_.erase(it);  // release_all already deleted it
+    } else if (user.confirmation->completed()) {
+      send_control_locked(user.owner, kRRefUserDelete, user.rref, fork);
+      users_.erase(it);
+    }  // else: deleted when the owner confirms it
+    changed_.notify_all();
+  }
+
+  c10::IValue fetch(const UserRRef& user, milliseconds timeout) {
+    if (timeout.count() < 0) timeout = agent_.default_timeout();
+    rref::Control control;
+    to_proto(user.rref(), control.mutable_rref());
+    FuturePtr reply = agent_.send(user.owner_info(), Message{kRRefFetch, control.SerializeAsString(), {}}, timeout,
+                                  "to_here of RRef " + user.rref().str());
+    reply->wait();
+    const Message& m = message_from_ivalue(reply->value());
+    rpc::Value value;
+    if (!value.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed to_here reply");
+    ValueHooks h = hooks(user.owner_info().id);
+    return decode_value(value, m.tensors, &h);
+  }
+
+  FuturePtr apply_remote(const WorkerInfo& owner, const Id& rref, const std::string& fn,
+                         std::vector<c10::IValue> args, Kwargs kwargs, milliseconds timeout) {
+    if (timeout.count() < 0) timeout = agent_.default_timeout();
+    rref::RemoteCall call;
+    to_proto(rref, call.mutable_rref());
+    Message m{kRRefApply, "", {}};
+    encode_call(fn, args, kwargs, owner.id, call.mutable_call(), &m.tensors);
+    m.payload = call.SerializeAsString();
+    FuturePtr reply = agent_.send(owner, std::move(m), timeout, fn + " on RRef " + rref.str());
+    auto self = shared_from_this();
+    const int peer = owner.id;
+    return reply->then(
+        [self, peer](c10::ivalue::Future& done) {
+          const Message& r = message_from_ivalue(done.value());
+          rpc::Value value;
+          if (!value.ParseFromString(r.payload)) throw Error(ErrorKind::kProtocol, "malformed reply");
+          ValueHooks h = self->hooks(peer);
+          return decode_value(value, r.tensors, &h);
+        },
+        c10::AnyType::get());
+  }
+
+  FuturePtr apply_local(const FuturePtr& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs) {
+    auto self = shared_from_this();
+    auto result = any_future();
+    when_done_on_pool(agent_, value, [self, value, result, fn, args = std::move(args), kwargs = std::move(kwargs)]() {
+      if (value->hasError()) {
+        result->setError(value->exception_ptr());
+        return;
+      }
+      FuturePtr out = self->apply_(value->value(), fn, args, kwargs);
+      out->addCallback([result](c10::ivalue::Future& o) {
+        if (o.hasError()) {
+          result->setError(o.exception_ptr());
+        } else {
+          result->markCompleted(o.value());
+        }
+      });
+    });
+    return result;
+  }
+
+  RRef remote_impl(const WorkerInfo& to, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                   milliseconds timeout, const Id* apply_to) {
+    if (timeout.count() < 0) timeout = agent_.default_timeout();
+    const Id rref = next_id();
+    rref::RemoteCall call;
+    to_proto(rref, call.mutable_rref());
+    if (apply_to) to_proto(*apply_to, call.mutable_apply_to());
+    Message m{kRRefRemoteCall, "", {}};
+    encode_call(fn, args, kwargs, to.id, call.mutable_call(), &m.tensors);
+    c10::intrusive_ptr<RRefImpl> handle;
+    c10::intrusive_ptr<UserRRef> user;
+    if (to.id == self().id) {
+      handle = new_owner(rref);  // remote to oneself: this worker owns the result
+    } else {
+      const Id fork = next_id();
+      to_proto(fork, call.mutable_fork());
+      user = c10::make_intrusive<UserRRef>(shared_from_this(), rref, fork, to);
+      handle = user;
+    }
+    m.payload = call.SerializeAsString();
+    FuturePtr ack = agent_.send(to, std::move(m), timeout, "remote " + fn);
+    auto self = shared_from_this();
+    const Id fork = user ? user->fork() : Id{};
+    const bool is_user = user.defined();
+    ack->addCallback([self, is_user, fork](c10::ivalue::Future&) {
+      if (is_user) self->confirmed(fork);  // on failure too: uses then raise the owner's error
+    });
+    return RRef(handle);
+  }
+
+ private:
+  // --- forks ----------------------------------------------------------------------------
+  // Describes `impl` for `peer` and records what the protocol needs until it arrives.
+  rref::ForkData fork(const c10::intrusive_ptr<RRefImpl>& impl, int peer) {
+    rref::ForkData data;
+    data.set_parent(self().id);
+    if (auto owner = intrusive_cast<OwnerRRef>(impl)) {
+      to_proto(owner->id(), data.mutable_rref());
+      data.set_owner(self().id);
+      if (peer != self().id) {
+        const Id fork = next_id();
+        to_proto(fork, data.mutable_fork());
+        std::lock_guard<std::mutex> lock(mu_);
+        owners_[owner->id()] = owner;  // the owner shares: the fork is known at once
+        forks_[owner->id()].insert(fork);
+      }
+      return data;
+    }
+    auto user = intrusive_cast<UserRRef>(impl);
+    to_proto(user->rref(), data.mutable_rref());
+    data.set_owner(user->owner_info().id);
+    const Id fork = next_id();
+    to_proto(fork, data.mutable_fork());
+    std::lock_guard<std::mutex> lock(mu_);
+    // Keep this reference alive until the owner has confirmed the child.
+    pending_children_[fork] = impl;
+    return data;
+  }
+
+  // An RRef arrived from `peer`.
+  c10::IValue accept(const rref::ForkData& data, int peer) {
+    const Id rref = from_proto(data.rref());
+    const Id fork = from_proto(data.fork());
+    if (data.owner() == self().id) {
+      auto owner = find_owner(rref);
+      if (!owner) throw Error(ErrorKind::kProtocol, "RRef " + rref.str() + " is not owned here");
+      // A user shared it back with its owner: the sender may let go of its reference.
+      if (data.parent() != self().id && data.has_fork()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        send_control_locked(data.parent(), kRRefChildAccept, rref, fork);
+      }
+      return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(owner));
+    }
+    const WorkerInfo owner = agent_.worker(data.owner());
+    auto user = c10::make_intrusive<UserRRef>(shared_from_this(), rref, fork, owner);
+    if (data.parent() == data.owner()) {
+      confirmed(fork);  // the owner recorded the fork before sending it
+    } else {
+      // Ask the owner to record it; the parent learns once the owner has.
+      std::lock_guard<std::mutex> lock(mu_);
+      fork_parents_[fork] = data.parent();
+      send_control_locked(owner.id, kRRefForkRequest, rref, fork);
+    }
+    (void)peer;
+    return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(user));
+  }
+
+  // The owner knows of `fork` now (or its creation failed: then the owner may or may not
+  // know, and a later delete is harmless either way).
+  void confirmed(const Id& fork) {
+    FuturePtr confirmation;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto parent = fork_parents_.find(fork);
+      if (parent != fork_parents_.end()) {
+        send_control_locked(parent->second, kRRefChildAccept, Id{}, fork);
+        fork_parents_.erase(parent);
+      }
+      auto it = users_.find(fork);
+      if (it != users_.end()) {
+        confirmation = it->second.confirmation;
+        if (!it->second.alive) {
+          if (!it->second.released) send_control_locked(it->second.owner, kRRefUserDelete, it->second.rref, fork);
+          users_.erase(it);
+        }
+      }
+    }
+    if (confirmation && !confirmation->completed()) confirmation->markCompleted(c10::IValue());
+    changed_.notify_all();
+  }
+
+  // --- owner side handlers --------------------------------------------------------------
+  FuturePtr on_remote_call(const WorkerInfo& from, Message m) {
+    rref::RemoteCall call;
+    if (!call.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed remote call");
+    const Id rref = from_proto(call.rref());
+    auto owner = get_or_create_owner(rref);
+    if (call.has_fork()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      owners_[rref] = owner;
+      forks_[rref].insert(from_proto(call.fork()));
+    }
+    std::vector<c10::IValue> args;
+    Kwargs kwargs;
+    decode_call(call.call(), m.tensors, from.id, &args, &kwargs);
+    const std::string fn = call.call().function();
+    // Run once every RRef among the arguments is confirmed; the reply (the fork is
+    // recorded) goes out at once.
+    auto self = shared_from_this();
+    FuturePtr source;
+    if (call.has_apply_to()) {
+      auto target = find_owner(from_proto(call.apply_to()));
+      if (!target) {
+        owner->value_future()->setError(std::make_exception_ptr(
+            Error(ErrorKind::kBadArgument, "RRef " + from_proto(call.apply_to()).str() + " is not owned by " + self->self().name)));
+        return completed_message(Message{kRRefRemoteCall, "", {}});
+      }
+      source = target->value_future();
+    }
+    when_done_on_pool(agent_, confirmations(args), [self, owner, fn, args, kwargs, source]() mutable {
+      FuturePtr result = source ? self->apply_local(source, fn, std::move(args), std::move(kwargs))
+                                : self->run_(fn, std::move(args), std::move(kwargs));
+      result->addCallback([owner](c10::ivalue::Future& r) {
+        if (r.hasError()) {
+          owner->value_future()->setErrorIfNeeded(r.exception_ptr());
+        } else {
+          owner->value_future()->markCompleted(r.value());
+        }
+      });
+    });
+    return completed_message(Message{kRRefRemoteCall, "", {}});
+  }
+
+  FuturePtr on_fetch(const WorkerInfo& from, Message m) {
+    rref::Control control;
+    if (!control.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed fetch");
+    auto owner = get_or_create_owner(from_proto(control.rref()));
+    return reply_with_value(owner->value_future(), kRRefFetch, from.id);
+  }
+
+  FuturePtr on_apply(const WorkerInfo& from, Message m) {
+    rref::RemoteCall call;
+    if (!call.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed RRef call");
+    auto owner = get_or_create_owner(from_proto(call.rref()));
+    std::vector<c10::IValue> args;
+    Kwargs kwargs;
+    decode_call(call.call(), m.tensors, from.id, &args, &kwargs);
+    return reply_with_value(apply_local(owner->value_future(), call.call().function(), std::move(args), std::move(kwargs)),
+                            kRRefApply, from.id);
+  }
+
+  FuturePtr reply_with_value(const FuturePtr& value, int32_t type, int peer) {
+    auto self = shared_from_this();
+    return value->then(
+        [self, type, peer](c10::ivalue::Future& done) {
+          Message reply{type, "", {}};
+          rpc::Value encoded;
+          ValueHooks h = self->hooks(peer);
+          encode_value(done.value(), &encoded, &reply.tensors, "RRef value", &h);
+          reply.payload = encoded.SerializeAsString();
+          return message_to_ivalue(std::move(reply));
+        },
+        c10::AnyType::get());
+  }
+
+  FuturePtr on_user_delete(const WorkerInfo&, Message m) {
+    rref::Control control;
+    if (!control.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed delete");
+    const Id rref = from_proto(control.rref());
+    c10::intrusive_ptr<OwnerRRef> dropped;  // released outside the lock
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto forks = forks_.find(rref);
+      if (forks != forks_.end()) {
+        forks->second.erase(from_proto(control.fork()));  // a repeated delete changes nothing
+        if (forks->second.empty()) {
+          forks_.erase(forks);
+          auto owner = owners_.find(rref);
+          if (owner != owners_.end()) {
+            dropped = std::move(owner->second);
+            owners_.erase(owner);
+          }
+        }
+      }
+    }
+    return completed_message(Message{kRRefUserDelete, "", {}});
+  }
+
+  FuturePtr on_fork_request(const WorkerInfo&, Message m) {
+    rref::Control control;
+    if (!control.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed fork request");
+    const Id rref = from_proto(control.rref());
+    auto owner = get_or_create_owner(rref);
+    std::lock_guard<std::mutex> lock(mu_);
+    owners_[rref] = owner;
+    forks_[rref].insert(from_proto(control.fork()));  // idempotent
+    return completed_message(Message{kRRefForkRequest, "", {}});
+  }
+
+  FuturePtr on_child_accept(const WorkerInfo&, Message m) {
+    rref::Control control;
+    if (!control.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed child accept");
+    c10::intrusive_ptr<RRefImpl> child;  // released outside the lock
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pending_children_.find(from_proto(control.fork()));
+      if (it != pending_children_.end()) {
+        child = std::move(it->second);
+        pending_children_.erase(it);
+      }
+    }
+    changed_.notify_all();
+    return completed_message(Message{kRRefChildAccept, "", {}});
+  }
+
+  // --- helpers ----------------------------------------------------------------------------
+  Id next_id() { return Id{self().id, next_local_.fetch_add(1)}; }
+
+  c10::intrusive_ptr<OwnerRRef> new_owner(const Id& id) {
+    auto owner = c10::make_intrusive<OwnerRRef>(shared_from_this(), id, self());
+    std::lock_guard<std::mutex> lock(mu_);
+    all_owners_.insert_or_assign(id, c10::weak_intrusive_ptr<OwnerRRef>(owner));
+    return owner;
+  }
+
+  c10::intrusive_ptr<OwnerRRef> find_owner(const Id& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = all_owners_.find(id);
+    if (it == all_owners_.end()) return {};
+    return it->second.lock();
+  }
+
+  // A fetch or fork request may arrive before the remote call that creates the value:
+  // the record is created then, and the value fills it later.
+  c10::intrusive_ptr<OwnerRRef> get_or_create_owner(const Id& id) {
+    if (auto owner = find_owner(id)) return owner;
+    // Built outside the lock: an unused candidate is destroyed after the lock is released
+    // (its destructor takes the lock).
+    auto candidate = c10::make_intrusive<OwnerRRef>(shared_from_this(), id, self());
+    c10::intrusive_ptr<OwnerRRef> result;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = all_owners_.find(id);
+      if (it != all_owners_.end()) result = it->second.lock();
+      if (!result) {
+        all_owners_.insert_or_assign(id, c10::weak_intrusive_ptr<OwnerRRef>(candidate));
+        owners_[id] = candidate;  // held until its forks are deleted
+        result = candidate;
+      }
+    }
+    return result;
+  }
+
+  void encode_call(const std::string& fn, const std::vector<c10::IValue>& args, const Kwargs& kwargs, int peer,
+                   rpc::Call* call, std::vector<at::Tensor>* tensors) {
+    ValueHooks h = hooks(peer);
+    call->set_function(fn);
+    for (size_t i = 0; i < args.size(); ++i) {
+      encode_value(args[i], call->add_args(), tensors, fn + ": args[" + std::to_string(i) + "]", &h);
+    }
+    for (const auto& [name, value] : kwargs) {
+      auto* kw = call->add_kwargs();
+      kw->set_name(name);
+      encode_value(value, kw->mutable_value(), tensors, fn + ": kwarg " + name, &h);
+    }
+  }
+
+  void decode_call(const rpc::Call& call, const std::vector<at::Tensor>& tensors, int peer,
+                   std::vector<c10::IValue>* args, Kwargs* kwargs) {
+    ValueHooks h = hooks(peer);
+    for (const auto& v : call.args()) args->push_back(decode_value(v, tensors, &h));
+    for (const auto& kw : call.kwargs()) kwargs->emplace_back(kw.name(), decode_value(kw.value(), tensors, &h));
+  }
+
+  // Control messages are idempotent: sent with a deadline and retried with backoff.
+  struct Control {
+    int to;
+    int32_t type;
+    Id rref, fork;
+    int attempt;
+  };
+
+  void send_control_locked(int to, int32_t type, const Id& rref, const Id& fork) {
+    ++controls_in_flight_;
+    retries_.emplace(Clock::now(), Control{to, type, rref, fork, 0});
+    changed_.notify_all();
+  }
+
+  void retry_loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopped_) {
+      if (retries_.empty()) {
+        changed_.wait(lock);
+        continue;
+      }
+      auto next = retries_.begin();
+      if (Clock::now() < next->first) {
+        changed_.wait_until(lock, next->first);
+        continue;
+      }
+      Control c = next->second;
+      retries_.erase(next);
+      lock.unlock();
+      send_control(c);
+      lock.lock();
+    }
+  }
+
+  void send_control(Control c) {
+    rref::Control control;
+    to_proto(c.rref, control.mutable_rref());
+    to_proto(c.fork, control.mutable_fork());
+    FuturePtr reply;
+    try {
+      reply = agent_.send(agent_.worker(c.to), Message{c.type, control.SerializeAsString(), {}},
+                          options_.control_timeout, "RRef control message " + std::to_string(c.type));
+    } catch (const Error& e) {
+      control_done(c, std::current_exception());
+      return;
+    }
+    auto self = shared_from_this();
+    reply->addCallback([self, c](c10::ivalue::Future& done) {
+      self->control_done(c, done.hasError() ? done.exception_ptr() : nullptr);
+    });
+  }
+
+  void control_done(Control c, std::exception_ptr error) {
+    bool fork_confirmed = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (error && !stopped_ && c.attempt + 1 < options_.control_attempts) {
+        bool retry = true;
+        try {
+          std::rethrow_exception(error);
+        } catch (const Error& e) {
+          retry = e.kind() == ErrorKind::kTimeout;  // a gone peer will not come back
+        } catch (...) {
+        }
+        if (retry) {
+          ++c.attempt;
+          retries_.emplace(Clock::now() + milliseconds(20) * (1 << std::min(c.attempt, 8)), c);
+          changed_.notify_all();
+          return;
+        }
+      }
+      if (error) {
+        LOG(WARNING) << self().name << ": RRef control message " << c.type << " for " << c.rref.str()
+                     << " gave up: " << describe(error);
+      }
+      --controls_in_flight_;
+      fork_confirmed = !error && c.type == kRRefForkRequest;
+    }
+    changed_.notify_all();
+    if (fork_confirmed) confirmed(c.fork);
+  }
+
+  static std::string describe(std::exception_ptr e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      return ex.what();
+    }
+  }
+
+  RpcAgent& agent_;
+  const Run run_;
+  const Apply apply_;
+  const RRefOptions options_;
+  std::atomic<int64_t> next_local_{0};
+  std::thread retry_thread_;
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  // Guarded by mu_.
+  std::map<Id, c10::intrusive_ptr<OwnerRRef>> owners_;            // owned, referenced by forks
+  std::map<Id, std::set<Id>> forks_;                                // owned rref -> user forks
+  std::map<Id, c10::weak_intrusive_ptr<OwnerRRef>> all_owners_;    // every live owner record
+  struct UserState {
+    Id rref;
+    int owner = -1;
+    FuturePtr confirmation;  // the UserRRef's own; completed once the owner knows the fork
+    bool alive = true;       // some handle on this worker still refers to it
+    bool released = false;   // release_all sent its delete
+  };
+  std::map<Id, UserState> users_;                                   // fork -> user reference
+  std::map<Id, c10::intrusive_ptr<RRefImpl>> pending_children_;    // forks awaiting the owner
+  std::map<Id, int> fork_parents_;                                  // received fork -> who shared it
+  std::multimap<Clock::time_point, Control> retries_;
+  int64_t controls_in_flight_ = 0;
+  int64_t live_owner_values_ = 0;
+  bool stopped_ = false;
+};
+
+// --- OwnerRRef / UserRRef out of line (they need ContextImpl) ---------------------------
+
+OwnerRRef::OwnerRRef(std::shared_ptr<ContextImpl> context, Id id, WorkerInfo self)
+    : context_(context), id_(id), self_(std::move(self)) {
+  context->owner_created();
+}
+
+void OwnerRRef::release() {
+  if (released_.exchange(true)) return;
+  value_.reset();  // frees the value now
+  if (auto context = context_.lock()) context->owner_destroyed(id_);
+}
+
+FuturePtr OwnerRRef::call_on_owner(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                                   milliseconds) {
+  auto context = context_.lock();
+  if (!context) throw Error(ErrorKind::kShutdown, "the RRef's worker has shut down");
+  return context->apply_local(value_, fn, std::move(args), std::move(kwargs));
+}
+
+RRef OwnerRRef::remote_on_owner(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                                milliseconds timeout) {
+  auto context = context_.lock();
+  if (!context) throw Error(ErrorKind::kShutdown, "the RRef's worker has shut down");
+  return context->remote_impl(self_, fn, std::move(args), std::move(kwargs), timeout, &id_);
+}
+
+UserRRef::UserRRef(std::shared_ptr<ContextImpl> context, Id rref, Id fork, WorkerInfo owner)
+    : context_(context), rref_(rref), fork_(fork), owner_(std::move(owner)) {
+  context->user_created(rref_, fork_, owner_.id, confirmed_);
+}
+
+UserRRef::~UserRRef() {
+  if (auto context = context_.lock()) context->user_destroyed(fork_);
+}
+
+c10::IValue UserRRef::to_here(milliseconds timeout) {
+  auto context = context_.lock();
+  if (!context) throw Error(ErrorKind::kShutdown, "the RRef's worker has shut down");
+  return context->fetch(*this, timeout);
+}
+
+FuturePtr UserRRef::call_on_owner(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                                  milliseconds timeout) {
+  auto context = context_.lock();
+  if (!context) throw Error(ErrorKind::kShutdown, "the RRef's worker has shut down");
+  return context->apply_remote(owner_, rref_, fn, std::move(args), std::move(kwargs), timeout);
+}
+
+RRef UserRRef::remote_on_owner(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                               milliseconds timeout) {
+  auto context = context_.lock();
+  if (!context) throw Error(ErrorKind::kShutdown, "the RRef's worker has shut down");
+  return context->remote_impl(owner_, fn, std::move(args), std::move(kwargs), timeout, &rref_);
+}
+
+}  // namespace
+
+std::shared_ptr<RRefContext> create_rref_context(RpcAgent& agent, RRefContext::Run run, RRefContext::Apply apply,
+                                                 const RRefOptions& options) {
+  auto context = std::make_shared<ContextImpl>(agent, std::move(run), std::move(apply), options);
+  context->install();
+  return context;
+}
+
+}  // namespace drpc

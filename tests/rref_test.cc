@@ -1,0 +1,325 @@
+// RRefs end to end with workers as threads over real gRPC: remote(), to_here(), every
+// fork case, deletion observed through the owners' counts, proxies, failures, and the
+// protocol under dropped and delayed control messages.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/jit/api/module.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "drpc.h"
+#include "process_group/in_memory_store.h"
+#include "rpc/faulty_agent.h"
+#include "rpc/process_group_agent.h"
+#include "rref/rref_context.h"
+
+namespace drpc {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return open; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  }
+};
+Gate* g_gate = nullptr;
+
+DRPC_REGISTER_FUNCTION("rref.sum", [](c10::IValue rref) {
+  return RRef::from_ivalue(rref).to_here().toTensor().sum().item<double>();
+});
+DRPC_REGISTER_FUNCTION("rref.is_owner", [](c10::IValue rref) { return RRef::from_ivalue(rref).is_owner(); });
+DRPC_REGISTER_FUNCTION("rref.local_sum", [](c10::IValue rref) {
+  return RRef::from_ivalue(rref).local_value().toTensor().sum().item<double>();
+});
+DRPC_REGISTER_FUNCTION("rref.sum_all", [](c10::IValue list) {
+  double total = 0;
+  for (const auto& r : list.toListRef()) total += RRef::from_ivalue(r).to_here().toTensor().sum().item<double>();
+  return total;
+});
+DRPC_REGISTER_FUNCTION("rref.make", [](double v) { return RRef::make_local(at::full({2}, v)).to_ivalue(); });
+DRPC_REGISTER_FUNCTION("rref.slow_ones", [](int64_t n) {
+  g_gate->wait();
+  return at::ones({n});
+});
+DRPC_REGISTER_FUNCTION("rref.fail", []() -> at::Tensor { throw std::runtime_error("no value for you"); });
+DRPC_REGISTER_FUNCTION("rref.scale", [](at::Tensor t, double s) { return t * s; });
+DRPC_REGISTER_FUNCTION("rref.module", []() {
+  torch::jit::Module m("Affine");
+  m.register_parameter("w", at::full({2}, 3.0), false);
+  m.define(R"(
+    def forward(self, x):
+        return x * self.w
+  )");
+  return c10::IValue(m._ivalue());
+});
+
+class Job {
+ public:
+  explicit Job(int n, Options options = {}) : store_(create_in_memory_store()) {
+    options.store = store_.get();
+    options.init_timeout = milliseconds(30000);
+    runtimes_.resize(n);
+    std::vector<std::thread> threads;
+    std::vector<std::string> errors(n);
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          runtimes_[r] = Runtime::create("worker" + std::to_string(r), r, n, options);
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& e : errors) {
+      if (!e.empty()) throw std::runtime_error(e);
+    }
+  }
+  ~Job() { shutdown(false); }
+  Runtime& operator[](int r) { return *runtimes_[r]; }
+  int size() const { return runtimes_.size(); }
+  void shutdown(bool graceful) {
+    std::vector<std::thread> threads;
+    for (auto& r : runtimes_) {
+      if (r) threads.emplace_back([&r, graceful] { r->shutdown(graceful); });
+    }
+    for (auto& t : threads) t.join();
+  }
+
+ private:
+  std::unique_ptr<InMemoryStore> store_;
+  std::vector<std::unique_ptr<Runtime>> runtimes_;
+};
+
+// Waits (bounded) until `condition` holds; deletions travel asynchronously.
+bool eventually(const std::function<bool()>& condition, milliseconds timeout = milliseconds(10000)) {
+  const auto deadline = Clock::now() + timeout;
+  while (!condition()) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  return true;
+}
+
+// No worker owns or references anything any more.
+bool all_released(Job& job) {
+  for (int r = 0; r < job.size(); ++r) {
+    RRefCounts c = job[r].rref_counts();
+    if (c.owners || c.owner_values || c.users || c.pending_children || c.pending_users) return false;
+  }
+  return true;
+}
+
+std::string describe_counts(Job& job) {
+  std::string out;
+  for (int r = 0; r < job.size(); ++r) {
+    RRefCounts c = job[r].rref_counts();
+    out += "worker" + std::to_string(r) + ": owners=" + std::to_string(c.owners) + " values=" +
+           std::to_string(c.owner_values) + " users=" + std::to_string(c.users) + " children=" +
+           std::to_string(c.pending_children) + " pending_users=" + std::to_string(c.pending_users) + "\n";
+  }
+  return out;
+}
+
+class RRefTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { job_ = new Job(3); }
+  static void TearDownTestSuite() {
+    delete job_;
+    job_ = nullptr;
+  }
+  void TearDown() override {
+    EXPECT_TRUE(eventually([] { return all_released(*job_); })) << describe_counts(*job_);
+  }
+  static Job* job_;
+};
+Job* RRefTest::job_ = nullptr;
+
+TEST_F(RRefTest, RemoteThenToHere) {
+  Job& job = *job_;
+  RRef r = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({2, 2})});
+  EXPECT_FALSE(r.is_owner());
+  EXPECT_EQ(r.owner_name(), "worker1");
+  EXPECT_EQ(r.owner(), 1);
+  EXPECT_TRUE(at::equal(r.to_here().toTensor(), at::ones({2, 2})));
+  EXPECT_TRUE(eventually([&] { return r.confirmed_by_owner(); }));
+  EXPECT_EQ(job[1].rref_counts().owners, 1);
+  EXPECT_EQ(job[0].rref_counts().users, 1);
+}
+
+TEST_F(RRefTest, ValueIsFreedWhenTheLastUserGoes) {
+  Job& job = *job_;
+  {
+    RRef a = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({3})});
+    RRef copy = a;  // copies share one reference
+    a.to_here();
+    EXPECT_EQ(job[1].rref_counts().owner_values, 1);
+  }
+  EXPECT_TRUE(eventually([&] { return job[1].rref_counts().owner_values == 0; })) << describe_counts(job);
+}
+
+TEST_F(RRefTest, ToHereBeforeTheOwnerHasTheValueWaitsForIt) {
+  Job& job = *job_;
+  Gate gate;
+  g_gate = &gate;
+  RRef r = job[0].remote("worker1", "rref.slow_ones", {int64_t{4}});
+  auto fetched = std::async(std::launch::async, [&] { return r.to_here().toTensor(); });
+  EXPECT_EQ(fetched.wait_for(milliseconds(50)), std::future_status::timeout);  // it waits...
+  gate.release();
+  EXPECT_TRUE(at::equal(fetched.get(), at::ones({4})));  // ...and gets the value once it exists
+  g_gate = nullptr;
+}
+
+TEST_F(RRefTest, RemoteToOneself) {
+  Job& job = *job_;
+  RRef r = job[2].remote("worker2", "rref.scale", {at::ones({2}), 5.0});
+  EXPECT_TRUE(r.is_owner());
+  EXPECT_TRUE(at::equal(r.to_here().toTensor(), at::full({2}, 5.0)));
+  EXPECT_TRUE(at::equal(r.local_value().toTensor(), at::full({2}, 5.0)));
+}
+
+TEST_F(RRefTest, CreationThatFailsRemotelyRaisesOnUse) {
+  Job& job = *job_;
+  RRef r = job[0].remote("worker1", "rref.fail");
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      r.to_here();
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kRemote) << e.what();
+      EXPECT_NE(std::string(e.what()).find("no value for you"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("worker1"), std::string::npos) << e.what();
+    }
+  }
+  RRef unknown = job[0].remote("worker1", "no.such.function");
+  EXPECT_THROW(unknown.to_here(), Error);
+}
+
+TEST_F(RRefTest, OwnerSharesWithAUser) {
+  Job& job = *job_;
+  RRef local = job[1].make_local(c10::IValue(at::full({4}, 2.0)));
+  EXPECT_TRUE(local.is_owner());
+  EXPECT_EQ(job[1].rpc_sync("worker2", "rref.sum", {local.to_ivalue()}).toDouble(), 8.0);
+  EXPECT_FALSE(job[1].rpc_sync("worker2", "rref.is_owner", {local.to_ivalue()}).toBool());
+}
+
+TEST_F(RRefTest, UserSharesWithTheOwner) {
+  Job& job = *job_;
+  RRef r = job[0].remote("worker1", "rref.scale", {at::ones({3}), 2.0});
+  EXPECT_TRUE(job[0].rpc_sync("worker1", "rref.is_owner", {r.to_ivalue()}).toBool());
+  EXPECT_EQ(job[0].rpc_sync("worker1", "rref.local_sum", {r.to_ivalue()}).toDouble(), 6.0);
+}
+
+TEST_F(RRefTest, UserSharesWithAThirdWorkerTwiceAndInContainers) {
+  Job& job = *job_;
+  RRef r = job[0].remote("worker1", "rref.scale", {at::ones({2}), 3.0});
+  EXPECT_EQ(job[0].rpc_sync("worker2", "rref.sum", {r.to_ivalue()}).toDouble(), 6.0);
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.push_back(r.to_ivalue());
+  list.push_back(r.to_ivalue());
+  EXPECT_EQ(job[0].rpc_sync("worker2", "rref.sum_all", {list}).toDouble(), 12.0);
+}
+
+TEST_F(RRefTest, RRefReturnedFromACall) {
+  Job& job = *job_;
+  RRef r = RRef::from_ivalue(job[0].rpc_sync("worker1", "rref.make", {7.0}));
+  EXPECT_EQ(r.owner_name(), "worker1");
+  EXPECT_TRUE(at::equal(r.to_here().toTensor(), at::full({2}, 7.0)));
+}
+
+TEST_F(RRefTest, ChainOfRemotesThroughAThirdWorker) {
+  Job& job = *job_;
+  RRef first = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({5})});
+  RRef second = job[0].remote("worker2", "rref.sum", {first.to_ivalue()});  // worker2 fetches from worker1
+  EXPECT_EQ(second.to_here().toDouble(), 5.0);
+}
+
+TEST_F(RRefTest, ProxiesCallMethodsOnTheOwnersValue) {
+  Job& job = *job_;
+  RRef module = job[0].remote("worker1", "rref.module");
+  EXPECT_TRUE(at::equal(module.rpc_sync("forward", {at::ones({2})}).toTensor(), at::full({2}, 3.0)));
+  RRef tensor = job[0].remote("worker2", "aten::ones", {c10::List<int64_t>({2})});
+  EXPECT_TRUE(at::equal(tensor.rpc_sync("rref.scale", {4.0}).toTensor(), at::full({2}, 4.0)));
+  RRef derived = tensor.remote("rref.scale", {10.0});  // stays on worker2
+  EXPECT_EQ(derived.owner_name(), "worker2");
+  EXPECT_TRUE(at::equal(derived.to_here().toTensor(), at::full({2}, 10.0)));
+  try {
+    tensor.local_value();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  }
+}
+
+TEST_F(RRefTest, TenThousandRRefsCreatedAndDeleted) {
+  Job& job = *job_;
+  for (int batch = 0; batch < 20; ++batch) {
+    std::vector<RRef> rrefs;
+    for (int i = 0; i < 500; ++i) {
+      rrefs.push_back(job[i % 2].remote(i % 2 ? "worker2" : "worker1", "aten::ones", {c10::List<int64_t>({1})}));
+    }
+    EXPECT_TRUE(at::equal(rrefs.back().to_here().toTensor(), at::ones({1})));
+  }
+  EXPECT_TRUE(eventually([&] { return all_released(job); }, milliseconds(60000))) << describe_counts(job);
+}
+
+// The protocol with the fork and delete messages dropped or delayed: nothing is freed
+// while someone still holds a reference, and nothing is left once all are gone.
+TEST(RRefFaults, DroppedAndDelayedControlMessagesAreRetried) {
+  Faults faults;
+  faults.drop[kRRefUserDelete] = 3;
+  faults.drop[kRRefForkRequest] = 2;
+  faults.drop[kRRefChildAccept] = 2;
+  faults.delay[kRRefUserDelete] = milliseconds(100);
+  faults.delay[kRRefChildAccept] = milliseconds(50);
+  register_backend("faulty_rref", [faults](ProcessGroup& group, std::vector<WorkerInfo> workers, const Options& o) {
+    AgentOptions agent;
+    agent.num_threads = o.num_worker_threads;
+    agent.default_timeout = o.rpc_timeout;
+    return create_faulty_agent(create_process_group_agent(group, std::move(workers), agent), faults);
+  });
+  Options options;
+  options.backend = "faulty_rref";
+  Job job(3, options);
+  {
+    RRef r = job[0].remote("worker1", "rref.scale", {at::ones({2}), 2.0});
+    // Shared on to worker2 (fork request and child accept, both faulty) while worker0
+    // drops its own reference at once: the parent must keep it until the owner confirms.
+    auto shared = job[0].rpc_async("worker2", "rref.sum", {r.to_ivalue()});
+    r = RRef();
+    shared->wait();
+    EXPECT_EQ(shared->value().toDouble(), 4.0);
+  }
+  EXPECT_TRUE(eventually([&] { return all_released(job); }, milliseconds(30000))) << describe_counts(job);
+  job.shutdown(true);
+}
+
+TEST(RRefShutdown, GracefulShutdownDeletesRemainingReferences) {
+  Job job(2);
+  RRef kept = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({2})});
+  kept.to_here();
+  EXPECT_EQ(job[1].rref_counts().owners, 1);
+  job.shutdown(true);  // worker0 still holds `kept`: shutdown deletes it
+  EXPECT_EQ(job[1].rref_counts().owners, 0) << describe_counts(job);
+  EXPECT_EQ(job[1].rref_counts().owner_values, 0);
+}
+
+}  // namespace
+}  // namespace drpc
