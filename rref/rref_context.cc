@@ -226,7 +226,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     c.pending_children = static_cast<int64_t>(pending_children_.size());
     for (const auto& [fork, user] : users_) {
       if (user.alive && !user.released) ++c.users;
-      if (!user.confirmation->completed()) ++c.pending_users;
+      if (!user.confirmed) ++c.pending_users;
     }
     return c;
   }
@@ -237,7 +237,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     auto settled = [&] {
       if (!pending_children_.empty()) return false;
       for (const auto& [fork, user] : users_) {
-        if (!user.confirmation->completed()) return false;
+        if (!user.confirmed) return false;
       }
       return true;
     };
@@ -248,7 +248,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     // Delete every remaining user reference now; their handles become inert.
     for (auto it = users_.begin(); it != users_.end();) {
       UserState& user = it->second;
-      if (!user.released && user.confirmation->completed()) {
+      if (!user.released && user.confirmed) {
         user.released = true;
         send_control_locked(user.owner, kRRefUserDelete, user.rref, it->first);
       }
@@ -308,7 +308,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     user.alive = false;
     if (user.released) {
       users_.erase(it);  // release_all already deleted it
-    } else if (user.confirmation->completed()) {
+    } else if (user.confirmed) {
       send_control_locked(user.owner, kRRefUserDelete, user.rref, fork);
       users_.erase(it);
     }  // else: deleted when the owner confirms it
@@ -472,6 +472,8 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
       auto it = users_.find(fork);
       if (it != users_.end()) {
         confirmation = it->second.confirmation;
+        // Decided under the lock: user_destroyed() reads it to choose who sends the delete.
+        it->second.confirmed = true;
         if (!it->second.alive) {
           if (!it->second.released) send_control_locked(it->second.owner, kRRefUserDelete, it->second.rref, fork);
           users_.erase(it);
@@ -772,6 +774,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     Id rref;
     int owner = -1;
     FuturePtr confirmation;  // the UserRRef's own; completed once the owner knows the fork
+    bool confirmed = false;  // the owner knows the fork (its future completes just after)
     bool alive = true;       // some handle on this worker still refers to it
     bool released = false;   // release_all sent its delete
   };
