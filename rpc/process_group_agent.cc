@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 
@@ -55,7 +56,10 @@ class ProcessGroupAgent final : public RpcAgent {
   std::vector<WorkerInfo> workers() const override { return workers_; }
   milliseconds default_timeout() const override { return options_.default_timeout; }
 
-  void register_handler(int32_t type, Handler handler) override { handlers_[type] = std::move(handler); }
+  void register_handler(int32_t type, Handler handler, bool run_inline) override {
+    handlers_[type] = std::move(handler);
+    if (run_inline) inline_types_.insert(type);
+  }
   void add_interceptor(Interceptor interceptor) override { interceptors_.push_back(std::move(interceptor)); }
 
   FuturePtr send(const WorkerInfo& to, Message request, milliseconds timeout, const std::string& what) override {
@@ -246,13 +250,22 @@ class ProcessGroupAgent final : public RpcAgent {
 
   // --- handler threads -----------------------------------------------------------------
   void schedule_request(int source, int64_t id, Message request) {
+    const bool run_inline = inline_types_.count(request.type) > 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
       ++processing_;
+      if (run_inline) {
+        // falls through to serve() below, outside the lock
+      } else {
       queue_.push_back([this, source, id, request = std::move(request)]() mutable {
         serve(source, id, std::move(request));
       });
+      }
+    }
+    if (run_inline) {
+      serve(source, id, std::move(request));
+      return;
     }
     pool_cv_.notify_one();
   }
@@ -413,6 +426,7 @@ class ProcessGroupAgent final : public RpcAgent {
   const AgentOptions options_;
   WorkerInfo self_;
   std::map<int32_t, Handler> handlers_;       // set before start()
+  std::set<int32_t> inline_types_;            // set before start()
   std::vector<Interceptor> interceptors_;     // set before start()
   std::atomic<int64_t> next_id_{1};
   std::thread timer_;

@@ -75,7 +75,10 @@ class RpcAgent {
                          const std::string& what) = 0;
 
   // Registers the handler for `type`; set before start(). Not thread-safe with send().
-  virtual void register_handler(int32_t type, Handler handler) = 0;
+  // `run_inline` handlers run on the network thread that received the request: for cheap
+  // protocol messages that must never wait behind busy handler threads. They must not
+  // block.
+  virtual void register_handler(int32_t type, Handler handler, bool run_inline = false) = 0;
   virtual void add_interceptor(Interceptor interceptor) = 0;
 
   // Runs `task` on a handler thread, where it may block (unlike future callbacks, which
@@ -94,8 +97,14 @@ class RpcAgent {
   virtual void shutdown(bool graceful) = 0;
 };
 
-// Runs `fn` once `future` completes: at once if it has, else on one of `agent`'s handler
-// threads, never on the thread that completes the future (which may be a network thread).
+// Runs `fn` once `future` completes on one of `agent`'s handler threads (after_on_pool), or
+// at once if it already has (when_done_on_pool: for callers that are on a handler thread).
+// Never on the thread that completes the future, which may be a network thread.
+inline void after_on_pool(RpcAgent& agent, const FuturePtr& future, std::function<void()> fn) {
+  RpcAgent* a = &agent;
+  future->addCallback([a, fn = std::move(fn)](c10::ivalue::Future&) mutable { a->run_on_pool(std::move(fn)); });
+}
+
 inline void when_done_on_pool(RpcAgent& agent, const FuturePtr& future, std::function<void()> fn) {
   if (future->completed()) {
     fn();

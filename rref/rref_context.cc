@@ -166,12 +166,15 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     auto handler = [this](auto method) {
       return [this, method](const WorkerInfo& from, Message m) { return (this->*method)(from, std::move(m)); };
     };
-    agent_.register_handler(kRRefRemoteCall, handler(&ContextImpl::on_remote_call));
-    agent_.register_handler(kRRefFetch, handler(&ContextImpl::on_fetch));
-    agent_.register_handler(kRRefUserDelete, handler(&ContextImpl::on_user_delete));
-    agent_.register_handler(kRRefForkRequest, handler(&ContextImpl::on_fork_request));
-    agent_.register_handler(kRRefChildAccept, handler(&ContextImpl::on_child_accept));
-    agent_.register_handler(kRRefApply, handler(&ContextImpl::on_apply));
+    // The protocol's handlers never block (user functions are handed to the pool), so
+    // they run inline: the protocol keeps moving even when every handler thread is busy
+    // with a function that waits on an RRef.
+    agent_.register_handler(kRRefRemoteCall, handler(&ContextImpl::on_remote_call), true);
+    agent_.register_handler(kRRefFetch, handler(&ContextImpl::on_fetch), true);
+    agent_.register_handler(kRRefUserDelete, handler(&ContextImpl::on_user_delete), true);
+    agent_.register_handler(kRRefForkRequest, handler(&ContextImpl::on_fork_request), true);
+    agent_.register_handler(kRRefChildAccept, handler(&ContextImpl::on_child_accept), true);
+    agent_.register_handler(kRRefApply, handler(&ContextImpl::on_apply), true);
     retry_thread_ = std::thread([this] { retry_loop(); });
   }
 
@@ -354,7 +357,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
   FuturePtr apply_local(const FuturePtr& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs) {
     auto self = shared_from_this();
     auto result = any_future();
-    when_done_on_pool(agent_, value, [self, value, result, fn, args = std::move(args), kwargs = std::move(kwargs)]() {
+    after_on_pool(agent_, value, [self, value, result, fn, args = std::move(args), kwargs = std::move(kwargs)]() {
       if (value->hasError()) {
         result->setError(value->exception_ptr());
         return;
@@ -512,7 +515,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
       }
       source = target->value_future();
     }
-    when_done_on_pool(agent_, confirmations(args), [self, owner, fn, args, kwargs, source]() mutable {
+    after_on_pool(agent_, confirmations(args), [self, owner, fn, args, kwargs, source]() mutable {
       FuturePtr result = source ? self->apply_local(source, fn, std::move(args), std::move(kwargs))
                                 : self->run_(fn, std::move(args), std::move(kwargs));
       result->addCallback([owner](c10::ivalue::Future& r) {

@@ -44,6 +44,11 @@ TEST(RpcProcesses, CallsBetweenFourWorkersAndGracefulShutdown) {
   for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "worker" << r;
 }
 
+TEST(RpcProcesses, RRefsForkedAcrossFourWorkersAreAllReleased) {
+  const auto codes = run_workers(4, "rrefs");
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "worker" << r;
+}
+
 TEST(RpcProcesses, CalleeKilledMidCallFailsTheCallerWithinTwoSeconds) {
   const auto codes = run_workers(3, "peer_killed");
   EXPECT_EQ(codes[0], 0);

@@ -10,13 +10,14 @@
 
 #include <chrono>
 #include <iostream>
+#include <thread>
 
 #include "drpc.h"
 
 DEFINE_int32(rank, 0, "rank");
 DEFINE_int32(world_size, 3, "world size");
 DEFINE_int32(store_port, 0, "the test's store on 127.0.0.1");
-DEFINE_string(scenario, "calls", "calls | peer_killed");
+DEFINE_string(scenario, "calls", "calls | peer_killed | rrefs");
 
 using namespace drpc;
 using std::chrono::milliseconds;
@@ -26,6 +27,13 @@ DRPC_REGISTER_FUNCTION("test.die", []() -> int64_t {
   return 0;
 });
 DRPC_REGISTER_FUNCTION("test.rank_plus", [](at::Tensor t) { return t + get_worker_info().id; });
+DRPC_REGISTER_FUNCTION("test.rref_sum", [](c10::IValue rref) {
+  return RRef::from_ivalue(rref).to_here().toTensor().sum().item<double>();
+});
+DRPC_REGISTER_FUNCTION("test.rref_counts", []() {
+  RRefCounts c = current_runtime().rref_counts();
+  return std::vector<int64_t>{c.owners, c.owner_values, c.users, c.pending_children, c.pending_users};
+});
 
 namespace {
 
@@ -105,6 +113,40 @@ void peer_killed() {
   shutdown(false);
 }
 
+// Every worker creates RRefs on the next one, shares them with the one after, and
+// drops them; in the end no worker owns or references anything.
+void rrefs() {
+  const int n = FLAGS_world_size;
+  const std::string next = name((FLAGS_rank + 1) % n), after = name((FLAGS_rank + 2) % n);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<RRef> held;
+    for (int i = 0; i < 25; ++i) held.push_back(remote(next, "aten::ones", {c10::List<int64_t>({i + 1})}));
+    double expected = 0;
+    std::vector<FuturePtr> sums;
+    for (int i = 0; i < 25; ++i) {
+      expected += i + 1;
+      sums.push_back(rpc_async(after, "test.rref_sum", {held[i].to_ivalue()}));
+    }
+    double total = 0;
+    for (auto& v : wait_all(sums)) total += v.toDouble();
+    check(total == expected, "sums through a third worker in round " + std::to_string(round));
+  }
+  // Deletions travel asynchronously: wait, bounded, until every worker is empty.
+  process_group().barrier()->wait();
+  const auto deadline = std::chrono::steady_clock::now() + milliseconds(30000);
+  bool empty = false;
+  while (!empty && std::chrono::steady_clock::now() < deadline) {
+    empty = true;
+    for (int r = 0; r < n; ++r) {
+      auto c = rpc_sync(name(r), "test.rref_counts").toIntVector();
+      for (auto v : c) empty = empty && v == 0;
+    }
+    if (!empty) std::this_thread::sleep_for(milliseconds(5));
+  }
+  check(empty, "every RRef released on every worker");
+  shutdown(true);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,6 +160,8 @@ int main(int argc, char** argv) {
     init_rpc(name(FLAGS_rank), FLAGS_rank, FLAGS_world_size, options);
     if (FLAGS_scenario == "peer_killed") {
       peer_killed();
+    } else if (FLAGS_scenario == "rrefs") {
+      rrefs();
     } else {
       calls();
     }
