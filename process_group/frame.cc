@@ -1,4 +1,5 @@
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstring>
@@ -114,6 +115,26 @@ std::string describe_meta(const pg::TensorMeta& meta) {
 
 at::Tensor tensor_from_body(const Frame& frame, const pg::TensorMeta& meta, size_t offset) {
   std::vector<int64_t> sizes(meta.sizes().begin(), meta.sizes().end());
+  const auto dtype = static_cast<c10::ScalarType>(meta.dtype());
+  // Large tensors whose bytes arrived in one aligned piece are used in place: the tensor
+  // keeps the received buffer alive instead of copying out of it.
+  constexpr size_t kInPlaceBytes = 64 * 1024;
+  if (meta.nbytes() >= kInPlaceBytes) {
+    size_t skip = offset;
+    for (const auto& span : frame.body) {
+      if (skip >= span.size) {
+        skip -= span.size;
+        continue;
+      }
+      const uint8_t* start = span.data + skip;
+      if (span.size - skip >= meta.nbytes() && reinterpret_cast<uintptr_t>(start) % 64 == 0) {
+        std::shared_ptr<void> keepalive = frame.keepalive;
+        return at::from_blob(const_cast<uint8_t*>(start), sizes, [keepalive](void*) {},
+                             at::TensorOptions().dtype(dtype));
+      }
+      break;
+    }
+  }
   at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(
                                       static_cast<c10::ScalarType>(meta.dtype())));
   frame.copy_body(offset, t.data_ptr(), meta.nbytes());
