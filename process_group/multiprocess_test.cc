@@ -5,42 +5,14 @@
 #include <signal.h>
 
 #include <chrono>
-#include <cstdlib>
 
-#include "common/subprocess.h"
-#include "process_group/grpc_store.h"
+#include "testing/worker_processes.h"
 
 namespace drpc {
 namespace {
 
-using std::chrono::milliseconds;
-
-std::string worker_path() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return std::string(srcdir ? srcdir : ".") + "/" + (workspace ? workspace : "drpc") +
-         "/process_group/conformance_worker";
-}
-
-// Starts `world_size` workers against a store this test hosts; returns their exit codes
-// (-1 for one that had to be killed at the deadline).
 std::vector<int> run_workers(int world_size, const std::string& scenario) {
-  auto store = start_store_server("127.0.0.1", 0);
-  std::vector<std::unique_ptr<Subprocess>> workers;
-  for (int r = 0; r < world_size; ++r) {
-    workers.push_back(Subprocess::start(
-        {worker_path(), "--rank=" + std::to_string(r), "--world_size=" + std::to_string(world_size),
-         "--store_port=" + std::to_string(store->port()), "--scenario=" + scenario},
-        {"GLOG_minloglevel=1"}));
-  }
-  const auto deadline = std::chrono::steady_clock::now() + milliseconds(240000);
-  std::vector<int> codes;
-  for (auto& w : workers) {
-    auto left = std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
-    auto code = w->wait(std::max(left, milliseconds(1)));
-    codes.push_back(code ? *code : -1);
-  }
-  return codes;  // the Subprocess destructors kill whatever still runs
+  return testing::run_worker_processes("process_group/conformance_worker", world_size, scenario);
 }
 
 class ProcessRanks : public ::testing::TestWithParam<int> {};

@@ -10,12 +10,16 @@
 #include <thread>
 
 #include "common/error.h"
+#include "testing/errors.h"
 #include "process_group/grpc_process_group.h"
 #include "process_group/testing/conformance.h"
 #include "process_group/testing/thread_group.h"
 
 namespace drpc {
 namespace {
+
+using testing::contains;
+using testing::expect_error;
 
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
@@ -79,21 +83,6 @@ INSTANTIATE_TEST_SUITE_P(ThreadRanks, Conformance, ::testing::ValuesIn(all_param
                          });
 
 // --- errors ----------------------------------------------------------------------------
-
-template <typename Fn>
-Error expect_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a drpc::Error";
-  return Error(ErrorKind::kInternal, "no error was thrown");
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 TEST(ProcessGroupErrors, RankOutOfRange) {
   auto store = create_in_memory_store();

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "testing/errors.h"
 #include "process_group/grpc_store.h"
 #include "process_group/in_memory_store.h"
 #include "process_group/prefix_store.h"
@@ -11,20 +12,11 @@
 namespace drpc {
 namespace {
 
+using testing::contains;
+using testing::expect_error;
+
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
-
-// Runs `fn` and returns the kind of drpc::Error it threw; fails the test if it threw none.
-template <typename Fn>
-Error expect_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a drpc::Error";
-  return Error(ErrorKind::kInternal, "no error");
-}
 
 // The behaviour every Store shares, run against each implementation.
 class StoreConformance : public ::testing::TestWithParam<std::string> {

@@ -13,35 +13,21 @@
 
 #include "drpc.h"
 #include "process_group/in_memory_store.h"
+#include "testing/errors.h"
+#include "tests/job.h"
 
 namespace drpc {
 namespace {
 
+using testing::Gate;
+using testing::Job;
+
+using testing::contains;
+using testing::expect_error;
+
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-// A latch the test opens; functions block on it instead of sleeping.
-struct Gate {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool open = false;
-  int waiting = 0;
-  void wait() {
-    std::unique_lock<std::mutex> lock(mu);
-    ++waiting;
-    cv.notify_all();
-    cv.wait(lock, [&] { return open; });
-  }
-  void wait_for_waiters(int n) {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return waiting >= n; });
-  }
-  void release() {
-    std::lock_guard<std::mutex> lock(mu);
-    open = true;
-    cv.notify_all();
-  }
-};
 Gate* g_gate = nullptr;
 
 DRPC_REGISTER_FUNCTION("test.scale", [](at::Tensor t, double s) { return t * s; });
@@ -67,59 +53,6 @@ DRPC_REGISTER_ASYNC_FUNCTION("test.relay_async", [](std::string next, at::Tensor
       .rpc_async(next, "test.scale", {t, 10.0})
       ->then([](c10::ivalue::Future& f) { return c10::IValue(f.value().toTensor() + 1); }, c10::AnyType::get());
 });
-
-class Job {
- public:
-  explicit Job(int n, Options options = {}) : store_(create_in_memory_store()) {
-    options.store = store_.get();
-    options.init_timeout = milliseconds(30000);
-    std::vector<std::thread> threads;
-    runtimes_.resize(n);
-    std::vector<std::string> errors(n);
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          runtimes_[r] = Runtime::create("worker" + std::to_string(r), r, n, options);
-        } catch (const std::exception& e) {
-          errors[r] = e.what();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (auto& e : errors) {
-      if (!e.empty()) throw std::runtime_error(e);
-    }
-  }
-  ~Job() { shutdown(false); }
-
-  Runtime& operator[](int r) { return *runtimes_[r]; }
-  int size() const { return runtimes_.size(); }
-
-  void shutdown(bool graceful) {
-    std::vector<std::thread> threads;
-    for (auto& r : runtimes_) {
-      if (r) threads.emplace_back([&r, graceful] { r->shutdown(graceful); });
-    }
-    for (auto& t : threads) t.join();
-  }
-
- private:
-  std::unique_ptr<InMemoryStore> store_;
-  std::vector<std::unique_ptr<Runtime>> runtimes_;
-};
-
-template <typename Fn>
-Error expect_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a drpc::Error";
-  return Error(ErrorKind::kInternal, "no error was thrown");
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 class RpcTest : public ::testing::Test {
  protected:

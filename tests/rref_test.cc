@@ -15,6 +15,7 @@
 
 #include "drpc.h"
 #include "process_group/in_memory_store.h"
+#include "tests/job.h"
 #include "rpc/faulty_agent.h"
 #include "rpc/process_group_agent.h"
 #include "rref/rref_context.h"
@@ -22,23 +23,12 @@
 namespace drpc {
 namespace {
 
+using testing::Gate;
+using testing::Job;
+
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-struct Gate {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool open = false;
-  void wait() {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return open; });
-  }
-  void release() {
-    std::lock_guard<std::mutex> lock(mu);
-    open = true;
-    cv.notify_all();
-  }
-};
 Gate* g_gate = nullptr;
 
 DRPC_REGISTER_FUNCTION("rref.sum", [](c10::IValue rref) {
@@ -69,44 +59,6 @@ DRPC_REGISTER_FUNCTION("rref.module", []() {
   )");
   return c10::IValue(m._ivalue());
 });
-
-class Job {
- public:
-  explicit Job(int n, Options options = {}) : store_(create_in_memory_store()) {
-    options.store = store_.get();
-    options.init_timeout = milliseconds(30000);
-    runtimes_.resize(n);
-    std::vector<std::thread> threads;
-    std::vector<std::string> errors(n);
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          runtimes_[r] = Runtime::create("worker" + std::to_string(r), r, n, options);
-        } catch (const std::exception& e) {
-          errors[r] = e.what();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (auto& e : errors) {
-      if (!e.empty()) throw std::runtime_error(e);
-    }
-  }
-  ~Job() { shutdown(false); }
-  Runtime& operator[](int r) { return *runtimes_[r]; }
-  int size() const { return runtimes_.size(); }
-  void shutdown(bool graceful) {
-    std::vector<std::thread> threads;
-    for (auto& r : runtimes_) {
-      if (r) threads.emplace_back([&r, graceful] { r->shutdown(graceful); });
-    }
-    for (auto& t : threads) t.join();
-  }
-
- private:
-  std::unique_ptr<InMemoryStore> store_;
-  std::vector<std::unique_ptr<Runtime>> runtimes_;
-};
 
 // Waits (bounded) until `condition` holds; deletions travel asynchronously.
 bool eventually(const std::function<bool()>& condition, milliseconds timeout = milliseconds(10000)) {

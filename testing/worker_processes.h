@@ -1,0 +1,19 @@
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace drpc {
+namespace testing {
+
+// Starts `world_size` processes of the test binary at `runfiles_path` (relative to the
+// workspace, e.g. "tests/rpc_worker") with --rank, --world_size, --store_port (a store this
+// call hosts on loopback) and --scenario, waits for all, and returns their exit codes (128
+// + signal when killed; -1 for one still running at `deadline`, which is then killed).
+std::vector<int> run_worker_processes(const std::string& runfiles_path, int world_size,
+                                      const std::string& scenario,
+                                      std::chrono::milliseconds deadline = std::chrono::minutes(4));
+
+}  // namespace testing
+}  // namespace drpc
