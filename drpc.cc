@@ -11,6 +11,7 @@
 #include "process_group/prefix_store.h"
 #include "rpc/process_group_agent.h"
 #include "rpc/value_codec.h"
+#include "dist_autograd/dist_autograd.h"
 #include "rref/rref_context.h"
 
 #include <torch/csrc/jit/api/module.h>
@@ -144,6 +145,7 @@ class RuntimeImpl final : public Runtime {
           CurrentRuntime current(this);
           return apply(value, fn, std::move(args), std::move(kwargs));
         });
+    autograd_ = create_autograd_container(*agent_);
     agent_->register_handler(kCallRequest,
                              [this](const WorkerInfo& from, Message request) { return serve_call(from, request); });
     agent_->start();
@@ -176,6 +178,7 @@ class RuntimeImpl final : public Runtime {
 
   RRef make_local(c10::IValue value) override { return rref_->make_local(std::move(value)); }
   RRefCounts rref_counts() override { return rref_->counts(); }
+  AutogradContainer& autograd() override { return *autograd_; }
 
   FunctionRegistry& functions() override { return functions_; }
   RpcAgent& agent() override { return *agent_; }
@@ -217,11 +220,16 @@ class RuntimeImpl final : public Runtime {
     std::vector<c10::IValue> all = args.args;
     for (const auto& kw : args.kwargs) all.push_back(kw.second);
     const std::string fn = call.function();
+    const int64_t autograd_context = request.autograd_context;
     // The function runs once the owners have confirmed every RRef among its arguments.
     auto result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
-    when_done_on_pool(*agent_, rref_->confirmations(all), [this, fn, args, result]() mutable {
+    when_done_on_pool(*agent_, rref_->confirmations(all), [this, fn, args, result, autograd_context]() mutable {
       CurrentRuntime current(this);
+      // Calls the function makes belong to the caller's autograd context.
+      const int64_t previous = autograd_->current_context();
+      autograd_->set_current_context(autograd_context);
       FuturePtr out = functions_.call(fn, std::move(args), agent_->self().name);
+      autograd_->set_current_context(previous);
       out->addCallback([result](c10::ivalue::Future& o) {
         if (o.hasError()) {
           result->setError(o.exception_ptr());
@@ -269,6 +277,7 @@ class RuntimeImpl final : public Runtime {
   FunctionRegistry functions_;
   std::unique_ptr<RpcAgent> agent_;
   std::shared_ptr<RRefContext> rref_;  // destroyed before the agent it registered with
+  std::shared_ptr<AutogradContainer> autograd_;
   std::mutex shutdown_mu_;
   bool shut_down_ = false;  // guarded by shutdown_mu_
 };
@@ -337,6 +346,35 @@ RRef remote(const std::string& to, const std::string& fn, std::vector<c10::IValu
 }
 
 RRef RRef::make_local(c10::IValue value) { return current_runtime().make_local(std::move(value)); }
+
+namespace dist_autograd {
+
+Context::Context() : Context(current_runtime()) {}
+
+Context::Context(Runtime& runtime) : runtime_(runtime) {
+  id_ = runtime_.autograd().new_context();
+  previous_ = runtime_.autograd().current_context();
+  runtime_.autograd().set_current_context(id_);
+}
+
+Context::~Context() {
+  runtime_.autograd().set_current_context(previous_);
+  try {
+    runtime_.autograd().release(id_);
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "releasing autograd context " << id_ << ": " << e.what();
+  }
+}
+
+void backward(int64_t context_id, const std::vector<at::Tensor>& roots, bool retain_graph) {
+  current_runtime().autograd().backward(context_id, roots, retain_graph);
+}
+
+c10::Dict<at::Tensor, at::Tensor> get_gradients(int64_t context_id) {
+  return current_runtime().autograd().gradients(context_id);
+}
+
+}  // namespace dist_autograd
 
 void shutdown(bool graceful) {
   std::unique_ptr<Runtime> runtime;

@@ -17,6 +17,7 @@
 #include "process_group/store.h"
 #include "rpc/function_registry.h"
 #include "rpc/rpc_agent.h"
+#include "dist_autograd/dist_autograd.h"
 #include "rref/rref.h"
 
 namespace drpc {
@@ -75,6 +76,7 @@ class Runtime {
   virtual RRef make_local(c10::IValue value) = 0;
   virtual RRefCounts rref_counts() = 0;
 
+  virtual AutogradContainer& autograd() = 0;
   virtual FunctionRegistry& functions() = 0;
   virtual RpcAgent& agent() = 0;
   virtual ProcessGroup& process_group() = 0;
@@ -101,6 +103,33 @@ RRef remote(const std::string& to, const std::string& fn, std::vector<c10::IValu
 std::vector<c10::IValue> wait_all(const std::vector<FuturePtr>& futures);
 ProcessGroup& process_group();
 void shutdown(bool graceful = true);
+
+namespace dist_autograd {
+
+// A distributed autograd context for the calling thread, released on every worker that
+// took part when it goes out of scope. Calls made on this thread inside it are recorded.
+class Context {
+ public:
+  Context();                           // on current_runtime()
+  explicit Context(Runtime& runtime);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+  int64_t id() const { return id_; }
+
+ private:
+  Runtime& runtime_;
+  int64_t id_;
+  int64_t previous_;
+};
+
+// Runs the distributed backward pass from scalar `roots` and returns when every worker
+// involved is done. Gradients go to the context (get_gradients), not to .grad.
+void backward(int64_t context_id, const std::vector<at::Tensor>& roots, bool retain_graph = false);
+// This worker's gradients in the context: leaf tensor -> gradient.
+c10::Dict<at::Tensor, at::Tensor> get_gradients(int64_t context_id);
+
+}  // namespace dist_autograd
 
 // The runtime that free functions use on this thread: inside a function called over RPC,
 // the worker serving it; otherwise the one init_rpc made. Throws kShutdown if none.

@@ -19,6 +19,11 @@ struct Message {
   int32_t type = 0;
   std::string payload;
   std::vector<at::Tensor> tensors;
+  // Distributed autograd's record of this message (set by its interceptor): the context
+  // it belongs to (-1: none), the send function's id, and which tensors require grad.
+  int64_t autograd_context = -1;
+  int64_t autograd_message = -1;
+  std::vector<bool> requires_grad;
 };
 
 }  // namespace drpc

@@ -18,6 +18,20 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
+void put_autograd(const Message& m, rpc::Envelope* e) {
+  if (m.autograd_context < 0) return;
+  e->set_autograd_context(m.autograd_context + 1);
+  e->set_autograd_message(m.autograd_message);
+  for (bool r : m.requires_grad) e->add_requires_grad(r);
+}
+
+void take_autograd(const rpc::Envelope& e, Message* m) {
+  if (e.autograd_context() == 0) return;
+  m->autograd_context = e.autograd_context() - 1;
+  m->autograd_message = e.autograd_message();
+  m->requires_grad.assign(e.requires_grad().begin(), e.requires_grad().end());
+}
+
 class ProcessGroupAgent final : public RpcAgent {
  public:
   ProcessGroupAgent(ProcessGroup& group, std::vector<WorkerInfo> workers, const AgentOptions& options)
@@ -89,6 +103,7 @@ class ProcessGroupAgent final : public RpcAgent {
     rpc::Envelope envelope;
     envelope.set_type(request.type);
     envelope.set_id(id);
+    put_autograd(request, &envelope);
     envelope.set_payload(std::move(request.payload));
     try {
       WorkPtr work = group_.send_message(dst.id, PgMessage{envelope.SerializeAsString(), std::move(request.tensors)});
@@ -199,6 +214,7 @@ class ProcessGroupAgent final : public RpcAgent {
       return;
     }
     Message message{envelope.type(), std::move(*envelope.mutable_payload()), std::move(raw.tensors)};
+    take_autograd(envelope, &message);
     for (auto& i : interceptors_) {
       if (i.on_receive) i.on_receive(workers_[source], message);
     }
@@ -271,6 +287,7 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   void serve(int source, int64_t id, Message request) {
+    const int64_t autograd_context = request.autograd_context;
     FuturePtr reply;
     auto handler = handlers_.find(request.type);
     if (handler == handlers_.end()) {
@@ -286,10 +303,13 @@ class ProcessGroupAgent final : public RpcAgent {
       }
     }
     // The reply goes out when the future completes, whichever thread completes it.
-    reply->addCallback([this, source, id](c10::ivalue::Future& done) { answer(source, id, done); });
+    reply->addCallback([this, source, id, autograd_context](c10::ivalue::Future& done) {
+      answer(source, id, done, autograd_context);
+    });
   }
 
-  void answer(int source, int64_t id, c10::ivalue::Future& done) {
+  // The reply belongs to the request's autograd context, whichever thread sends it.
+  void answer(int source, int64_t id, c10::ivalue::Future& done, int64_t autograd_context) {
     rpc::Envelope envelope;
     envelope.set_id(id);
     envelope.set_is_response(true);
@@ -307,6 +327,7 @@ class ProcessGroupAgent final : public RpcAgent {
     } else {
       reply = message_from_ivalue(done.value());
       envelope.set_type(reply.type);
+      if (reply.autograd_context < 0) reply.autograd_context = autograd_context;
     }
     if (source == self_.id) {
       deliver_local_reply(id, envelope, std::move(reply));
@@ -314,6 +335,7 @@ class ProcessGroupAgent final : public RpcAgent {
       for (auto& i : interceptors_) {
         if (i.on_send) i.on_send(workers_[source], reply);
       }
+      put_autograd(reply, &envelope);
       envelope.set_payload(std::move(reply.payload));
       try {
         group_.send_message(source, PgMessage{envelope.SerializeAsString(), std::move(reply.tensors)});

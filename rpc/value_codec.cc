@@ -166,8 +166,9 @@ void encode_value(const c10::IValue& value, rpc::Value* out, std::vector<at::Ten
         throw Error(ErrorKind::kBadArgument, path + ": only dense CPU tensors can be sent, got " + t.toString());
       }
       out->set_tensor(static_cast<int32_t>(tensors->size()));
-      // detach: the autograd layer attaches its own functions to what crosses the wire
-      tensors->push_back(t.detach().contiguous());
+      // Not detached: distributed autograd's interceptor records the tensors that
+      // require grad (and detaches them) before the message leaves.
+      tensors->push_back(t.contiguous());
     }
   } else if (value.isList()) {
     auto list = value.toList();

@@ -1,0 +1,329 @@
+#include <ATen/ops/ones_like.h>
+#include <glog/logging.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "dist_autograd/dist_autograd.h"
+#include "dist_autograd/proto/autograd.pb.h"
+
+namespace drpc {
+namespace {
+
+using torch::autograd::Edge;
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+
+thread_local int64_t tls_context = -1;
+
+// On the sender: its next edges lead to the tensors that were sent.
+struct SendRpcBackward : Node {
+  variable_list apply(variable_list&& grads) override { return std::move(grads); }
+  std::string name() const override { return "SendRpcBackward"; }
+};
+
+// On the receiver: the gradients that reach it belong to the sender. It is never run:
+// backward captures its inputs and sends them.
+struct RecvRpcBackward : Node {
+  RecvRpcBackward(int64_t message, int from) : message_id(message), from_worker(from) {}
+  variable_list apply(variable_list&&) override { return {}; }
+  std::string name() const override { return "RecvRpcBackward"; }
+  const int64_t message_id;
+  const int from_worker;
+};
+
+struct Context {
+  std::mutex mu;
+  std::map<int64_t, std::shared_ptr<SendRpcBackward>> sends;
+  std::map<int64_t, std::shared_ptr<RecvRpcBackward>> recvs;
+  std::unordered_map<c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> grads;  // leaf -> (leaf, grad)
+  std::set<int> workers;  // every worker this context exchanged messages with
+};
+
+class Container final : public AutogradContainer, public std::enable_shared_from_this<Container> {
+ public:
+  explicit Container(RpcAgent& agent) : agent_(agent) {}
+
+  void install() {
+    auto self = shared_from_this();
+    agent_.add_interceptor(RpcAgent::Interceptor{
+        [self](const WorkerInfo& to, Message& m) { self->on_send(to, m); },
+        [self](const WorkerInfo& from, Message& m) { self->on_receive(from, m); }});
+    agent_.register_handler(kAutogradBackward,
+                            [self](const WorkerInfo& from, Message m) { return self->on_backward(from, std::move(m)); });
+    agent_.register_handler(kAutogradRelease,
+                            [self](const WorkerInfo& from, Message m) { return self->on_release(from, std::move(m)); });
+  }
+
+  int64_t new_context() override {
+    const int64_t id = (static_cast<int64_t>(agent_.self().id) << 48) | next_context_.fetch_add(1);
+    get_or_create(id);
+    return id;
+  }
+
+  void release(int64_t context_id) override { release_from(context_id, agent_.self().id); }
+
+  bool has_context(int64_t context_id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return contexts_.count(context_id) > 0;
+  }
+
+  int64_t num_contexts() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(contexts_.size());
+  }
+
+  int64_t current_context() override { return tls_context; }
+  void set_current_context(int64_t context_id) override { tls_context = context_id; }
+
+  void backward(int64_t context_id, const std::vector<at::Tensor>& roots, bool retain_graph) override {
+    (void)retain_graph;  // the graph is always kept: other workers' passes may revisit it
+    auto context = find(context_id);
+    if (!context) throw Error(ErrorKind::kBadArgument, "unknown autograd context " + std::to_string(context_id));
+    torch::autograd::edge_list edges;
+    variable_list inputs;
+    for (const auto& root : roots) {
+      if (root.numel() != 1) {
+        throw Error(ErrorKind::kBadArgument, "backward roots must be scalars, got a tensor of " +
+                                                 std::to_string(root.numel()) + " elements");
+      }
+      if (!root.requires_grad()) throw Error(ErrorKind::kBadArgument, "a backward root does not require grad");
+      edges.push_back(torch::autograd::impl::gradient_edge(root));
+      inputs.push_back(at::ones_like(root));
+    }
+    run(context_id, *context, edges, inputs);
+  }
+
+  c10::Dict<at::Tensor, at::Tensor> gradients(int64_t context_id) override {
+    auto context = find(context_id);
+    if (!context) throw Error(ErrorKind::kBadArgument, "unknown autograd context " + std::to_string(context_id));
+    c10::Dict<at::Tensor, at::Tensor> out;
+    std::lock_guard<std::mutex> lock(context->mu);
+    for (const auto& [impl, leaf_grad] : context->grads) out.insert(leaf_grad.first, leaf_grad.second);
+    return out;
+  }
+
+ private:
+  // --- recording ---------------------------------------------------------------------
+  void on_send(const WorkerInfo& to, Message& m) {
+    const int64_t context_id = m.autograd_context >= 0 ? m.autograd_context : tls_context;
+    m.autograd_context = -1;
+    if (context_id < 0) return;
+    bool any = false;
+    for (const auto& t : m.tensors) any = any || (t.defined() && t.requires_grad());
+    if (!any) return;
+    auto context = get_or_create(context_id);
+    auto send = std::make_shared<SendRpcBackward>();
+    m.requires_grad.assign(m.tensors.size(), false);
+    for (size_t i = 0; i < m.tensors.size(); ++i) {
+      if (!m.tensors[i].defined() || !m.tensors[i].requires_grad()) continue;
+      send->add_next_edge(torch::autograd::impl::gradient_edge(m.tensors[i]));
+      m.requires_grad[i] = true;
+      m.tensors[i] = m.tensors[i].detach();
+    }
+    const int64_t message_id = (static_cast<int64_t>(agent_.self().id) << 48) | next_message_.fetch_add(1);
+    std::lock_guard<std::mutex> lock(context->mu);
+    context->sends[message_id] = send;
+    context->workers.insert(to.id);
+    m.autograd_context = context_id;
+    m.autograd_message = message_id;
+  }
+
+  void on_receive(const WorkerInfo& from, Message& m) {
+    if (m.autograd_context < 0) return;
+    auto context = get_or_create(m.autograd_context);
+    auto recv = std::make_shared<RecvRpcBackward>(m.autograd_message, from.id);
+    for (size_t i = 0; i < m.tensors.size() && i < m.requires_grad.size(); ++i) {
+      if (!m.requires_grad[i]) continue;
+      at::Tensor t = m.tensors[i];
+      const uint32_t input = recv->add_input_metadata(t);
+      torch::autograd::impl::set_gradient_edge(t, Edge(recv, input));
+    }
+    std::lock_guard<std::mutex> lock(context->mu);
+    context->recvs[m.autograd_message] = recv;
+    context->workers.insert(from.id);
+  }
+
+  // --- backward ------------------------------------------------------------------------
+  // Runs the local engine from `roots`; gradients reaching leaves accumulate in the
+  // context, those reaching recv functions go to their senders, whose answers are awaited.
+  void run(int64_t context_id, Context& context, const torch::autograd::edge_list& roots, const variable_list& inputs) {
+    torch::autograd::edge_list outputs;
+    std::vector<at::Tensor> leaves;
+    std::vector<std::pair<RecvRpcBackward*, uint32_t>> recv_inputs;
+    std::unordered_set<Node*> seen;
+    std::vector<std::shared_ptr<Node>> stack;
+    for (const auto& e : roots) {
+      if (e.function) stack.push_back(e.function);
+    }
+    while (!stack.empty()) {
+      std::shared_ptr<Node> node = stack.back();
+      stack.pop_back();
+      if (!seen.insert(node.get()).second) continue;
+      if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node.get())) {
+        outputs.emplace_back(node, 0);
+        leaves.push_back(acc->variable);
+        continue;
+      }
+      if (auto* recv = dynamic_cast<RecvRpcBackward*>(node.get())) {
+        for (uint32_t i = 0; i < recv->num_inputs(); ++i) {
+          outputs.emplace_back(node, i);
+          recv_inputs.emplace_back(recv, i);
+        }
+        continue;
+      }
+      for (const auto& next : node->next_edges()) {
+        if (next.function) stack.push_back(next.function);
+      }
+    }
+    if (outputs.empty()) return;
+    variable_list grads;
+    try {
+      grads = torch::autograd::Engine::get_default_engine().execute(roots, inputs, /*keep_graph=*/true,
+                                                                    /*create_graph=*/false,
+                                                                    /*accumulate_grad=*/false, outputs);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(ErrorKind::kRemote, "backward on " + agent_.self().name + " failed: " + e.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(context.mu);
+      for (size_t i = 0; i < leaves.size(); ++i) {
+        if (!grads[i].defined()) continue;
+        auto& slot = context.grads[leaves[i].unsafeGetTensorImpl()];
+        if (!slot.first.defined()) {
+          slot = {leaves[i], grads[i].clone()};
+        } else {
+          slot.second.add_(grads[i]);
+        }
+      }
+    }
+    // One gradient message per recv function, to the worker that sent its tensors.
+    std::map<RecvRpcBackward*, std::vector<at::Tensor>> per_recv;
+    for (size_t k = 0; k < recv_inputs.size(); ++k) {
+      auto [recv, input] = recv_inputs[k];
+      at::Tensor g = grads[leaves.size() + k];
+      if (!g.defined()) {
+        g = recv->input_metadata(input).zeros_like();
+      }
+      auto& list = per_recv[recv];
+      list.resize(recv->num_inputs());
+      list[input] = g;
+    }
+    std::vector<std::pair<std::string, FuturePtr>> pending;
+    for (auto& [recv, list] : per_recv) {
+      autograd::Backward request;
+      request.set_context(context_id);
+      request.set_message(recv->message_id);
+      const WorkerInfo to = agent_.worker(recv->from_worker);
+      pending.emplace_back(to.name, agent_.send(to, Message{kAutogradBackward, request.SerializeAsString(), list},
+                                                agent_.default_timeout(), "distributed backward"));
+    }
+    for (auto& [name, future] : pending) {
+      future->wait();
+      if (future->hasError()) std::rethrow_exception(future->exception_ptr());
+    }
+  }
+
+  FuturePtr on_backward(const WorkerInfo&, Message m) {
+    autograd::Backward request;
+    if (!request.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed backward message");
+    auto context = find(request.context());
+    if (!context) {
+      throw Error(ErrorKind::kBadArgument, "unknown autograd context " + std::to_string(request.context()) + " on " +
+                                               agent_.self().name);
+    }
+    std::shared_ptr<SendRpcBackward> send;
+    {
+      std::lock_guard<std::mutex> lock(context->mu);
+      auto it = context->sends.find(request.message());
+      if (it == context->sends.end()) throw Error(ErrorKind::kProtocol, "unknown send function");
+      send = it->second;
+    }
+    if (m.tensors.size() != send->next_edges().size()) {
+      throw Error(ErrorKind::kProtocol, "gradient count does not match the send function");
+    }
+    variable_list inputs(m.tensors.begin(), m.tensors.end());
+    run(request.context(), *context, send->next_edges(), inputs);
+    auto done = make_message_future();
+    done->markCompleted(message_to_ivalue(Message{kAutogradBackward, "", {}}));
+    return done;
+  }
+
+  FuturePtr on_release(const WorkerInfo& from, Message m) {
+    autograd::Backward request;
+    if (!request.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed release message");
+    release_from(request.context(), from.id);
+    auto done = make_message_future();
+    done->markCompleted(message_to_ivalue(Message{kAutogradRelease, "", {}}));
+    return done;
+  }
+
+  // Forgets the context here, then on every worker it touched except `from`.
+  void release_from(int64_t context_id, int from) {
+    std::shared_ptr<Context> context;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = contexts_.find(context_id);
+      if (it == contexts_.end()) return;
+      context = it->second;
+      contexts_.erase(it);
+    }
+    std::set<int> workers;
+    {
+      std::lock_guard<std::mutex> lock(context->mu);
+      workers = context->workers;
+    }
+    autograd::Backward request;
+    request.set_context(context_id);
+    std::vector<FuturePtr> pending;
+    for (int w : workers) {
+      if (w == from || w == agent_.self().id) continue;
+      try {
+        pending.push_back(agent_.send(agent_.worker(w), Message{kAutogradRelease, request.SerializeAsString(), {}},
+                                      agent_.default_timeout(), "release of autograd context"));
+      } catch (const Error& e) {
+        LOG(WARNING) << agent_.self().name << ": " << e.what();
+      }
+    }
+    for (auto& f : pending) f->wait();  // errors (a gone worker) leave nothing to release
+  }
+
+  std::shared_ptr<Context> find(int64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = contexts_.find(id);
+    return it == contexts_.end() ? nullptr : it->second;
+  }
+
+  std::shared_ptr<Context> get_or_create(int64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& slot = contexts_[id];
+    if (!slot) slot = std::make_shared<Context>();
+    return slot;
+  }
+
+  RpcAgent& agent_;
+  std::atomic<int64_t> next_context_{0};
+  std::atomic<int64_t> next_message_{0};
+  std::mutex mu_;
+  std::map<int64_t, std::shared_ptr<Context>> contexts_;  // guarded by mu_
+};
+
+}  // namespace
+
+std::shared_ptr<AutogradContainer> create_autograd_container(RpcAgent& agent) {
+  auto container = std::make_shared<Container>(agent);
+  container->install();
+  return container;
+}
+
+}  // namespace drpc

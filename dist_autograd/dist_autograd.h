@@ -1,0 +1,57 @@
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "rpc/rpc_agent.h"
+
+namespace drpc {
+
+// Message types of distributed autograd.
+enum AutogradMessageType : int32_t {
+  kAutogradBackward = 200,  // gradients for a send function; replied to when downstream is done
+  kAutogradRelease = 201,   // forget a context
+};
+
+// One worker's distributed autograd contexts. A context id carries its creating worker's
+// id in the high 16 bits. Inside a context (see Scope), every message carrying tensors
+// that require grad records a send function here and a recv function on the receiver;
+// backward() runs the whole distributed graph (FAST mode) and leaves gradients in the
+// context instead of in .grad. Thread-safe.
+class AutogradContainer {
+ public:
+  AutogradContainer() = default;
+  AutogradContainer(const AutogradContainer&) = delete;
+  AutogradContainer& operator=(const AutogradContainer&) = delete;
+  virtual ~AutogradContainer() = default;
+
+  // A new context on this worker.
+  virtual int64_t new_context() = 0;
+  // Releases `context_id` here and on every worker that took part, and waits for them.
+  virtual void release(int64_t context_id) = 0;
+  virtual bool has_context(int64_t context_id) = 0;
+  virtual int64_t num_contexts() = 0;
+
+  // The context of the calling thread (-1: none), and setting it.
+  virtual int64_t current_context() = 0;
+  virtual void set_current_context(int64_t context_id) = 0;
+
+  // Runs the distributed backward from `roots` (scalars) and returns once every worker
+  // involved is done. Throws kBadArgument (non-scalar root, unknown context), or the
+  // first error of any worker, naming it.
+  virtual void backward(int64_t context_id, const std::vector<at::Tensor>& roots, bool retain_graph) = 0;
+
+  // The gradients accumulated in `context_id` on this worker, leaf -> gradient.
+  virtual c10::Dict<at::Tensor, at::Tensor> gradients(int64_t context_id) = 0;
+};
+
+// Registers its handlers and interceptor on `agent` (borrowed; must outlive it; before
+// agent.start()).
+std::shared_ptr<AutogradContainer> create_autograd_container(RpcAgent& agent);
+
+}  // namespace drpc

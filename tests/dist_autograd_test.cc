@@ -1,0 +1,154 @@
+// Distributed autograd against local autograd, numerically: the same computation run in
+// one process and split across workers (threads of this process over real gRPC) must
+// give the same gradients.
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include "drpc.h"
+#include "testing/errors.h"
+#include "tests/job.h"
+
+namespace drpc {
+namespace {
+
+using testing::Job;
+
+DRPC_REGISTER_FUNCTION("ag.affine", [](at::Tensor x, double a) { return x * a + x.sin(); });
+// Applies affine(x, 2) here, then hands on along `route`.
+DRPC_REGISTER_FUNCTION("ag.relay", [](std::vector<std::string> route, at::Tensor x) -> at::Tensor {
+  at::Tensor y = x * 2 + x.sin();
+  if (route.empty()) return y;
+  std::string next = route.front();
+  route.erase(route.begin());
+  return current_runtime().rpc_sync(next, "ag.relay", {c10::List<std::string>(route), y}).toTensor();
+});
+
+at::Tensor local_affine(const at::Tensor& x, double a) { return x * a + x.sin(); }
+
+at::Tensor leaf(int64_t seed) {
+  return at::randn({5}, at::detail::createCPUGenerator(seed)).set_requires_grad(true);
+}
+
+at::Tensor grad_of(const c10::Dict<at::Tensor, at::Tensor>& grads, const at::Tensor& t) {
+  auto it = grads.find(t);
+  return it == grads.end() ? at::Tensor() : it->value();
+}
+
+class DistAutogradTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { job_ = new Job(3); }
+  static void TearDownTestSuite() {
+    delete job_;
+    job_ = nullptr;
+  }
+  static Job* job_;
+};
+Job* DistAutogradTest::job_ = nullptr;
+
+TEST_F(DistAutogradTest, ChainAcrossTwoWorkersMatchesLocal) {
+  Job& job = *job_;
+  at::Tensor x = leaf(1);
+  at::Tensor local_grad;
+  {
+    at::Tensor x2 = x.detach().clone().set_requires_grad(true);
+    local_affine(local_affine(x2, 3.0), 0.5).pow(2).sum().backward();
+    local_grad = x2.grad();
+  }
+  dist_autograd::Context ctx(job[0]);
+  at::Tensor y = job[0].rpc_sync("worker1", "ag.affine", {x, 3.0}).toTensor();
+  EXPECT_TRUE(y.requires_grad());
+  at::Tensor loss = local_affine(y, 0.5).pow(2).sum();
+  job[0].autograd().backward(ctx.id(), {loss}, false);
+  auto grads = job[0].autograd().gradients(ctx.id());
+  ASSERT_TRUE(grad_of(grads, x).defined());
+  EXPECT_TRUE(at::allclose(grad_of(grads, x), local_grad, 1e-5, 1e-6));
+  EXPECT_FALSE(x.grad().defined());  // gradients go to the context, not to .grad
+}
+
+TEST_F(DistAutogradTest, ThreeHopCycleMatchesLocal) {
+  Job& job = *job_;
+  at::Tensor x = leaf(2);
+  at::Tensor x2 = x.detach().clone().set_requires_grad(true);
+  at::Tensor l = x2;
+  for (int i = 0; i < 3; ++i) l = l * 2 + l.sin();
+  l.sum().backward();
+  dist_autograd::Context ctx(job[0]);
+  // worker0 -> worker1 -> worker2 -> worker0 (back to this worker, inside the call)
+  at::Tensor y =
+      job[0].rpc_sync("worker1", "ag.relay", {c10::List<std::string>({"worker2", "worker0"}), x}).toTensor();
+  job[0].autograd().backward(ctx.id(), {y.sum()}, false);
+  EXPECT_TRUE(at::allclose(grad_of(job[0].autograd().gradients(ctx.id()), x), x2.grad(), 1e-5, 1e-6));
+}
+
+TEST_F(DistAutogradTest, DiamondAndATensorSentTwice) {
+  Job& job = *job_;
+  at::Tensor x = leaf(3);
+  at::Tensor x2 = x.detach().clone().set_requires_grad(true);
+  (local_affine(x2, 2.0) * local_affine(x2, -1.0) + local_affine(x2, 4.0)).sum().backward();
+  dist_autograd::Context ctx(job[0]);
+  at::Tensor a = job[0].rpc_sync("worker1", "ag.affine", {x, 2.0}).toTensor();
+  at::Tensor b = job[0].rpc_sync("worker2", "ag.affine", {x, -1.0}).toTensor();
+  at::Tensor c = job[0].rpc_sync("worker1", "ag.affine", {x, 4.0}).toTensor();  // x to worker1 again
+  job[0].autograd().backward(ctx.id(), {(a * b + c).sum()}, false);
+  EXPECT_TRUE(at::allclose(grad_of(job[0].autograd().gradients(ctx.id()), x), x2.grad(), 1e-5, 1e-6));
+}
+
+TEST_F(DistAutogradTest, RetainGraphAllowsASecondBackwardThatAccumulates) {
+  Job& job = *job_;
+  at::Tensor x = leaf(4);
+  dist_autograd::Context ctx(job[0]);
+  at::Tensor loss = job[0].rpc_sync("worker2", "ag.affine", {x, 3.0}).toTensor().sum();
+  job[0].autograd().backward(ctx.id(), {loss}, true);
+  at::Tensor once = grad_of(job[0].autograd().gradients(ctx.id()), x).clone();
+  job[0].autograd().backward(ctx.id(), {loss}, false);
+  EXPECT_TRUE(at::allclose(grad_of(job[0].autograd().gradients(ctx.id()), x), once * 2, 1e-5, 1e-6));
+}
+
+TEST_F(DistAutogradTest, ConcurrentContextsDoNotMix) {
+  Job& job = *job_;
+  at::Tensor x = leaf(5);
+  dist_autograd::Context outer(job[0]);
+  const int64_t first = outer.id();
+  at::Tensor y1 = job[0].rpc_sync("worker1", "ag.affine", {x, 1.0}).toTensor();
+  {
+    dist_autograd::Context inner(job[0]);
+    at::Tensor y2 = job[0].rpc_sync("worker1", "ag.affine", {x, 5.0}).toTensor();
+    job[0].autograd().backward(inner.id(), {y2.sum()}, false);
+    at::Tensor expected = (5.0 + x.detach().cos());
+    EXPECT_TRUE(at::allclose(grad_of(job[0].autograd().gradients(inner.id()), x), expected, 1e-5, 1e-6));
+  }
+  job[0].autograd().set_current_context(first);
+  job[0].autograd().backward(first, {y1.sum()}, false);
+  EXPECT_TRUE(at::allclose(grad_of(job[0].autograd().gradients(first), x), 1.0 + x.detach().cos(), 1e-5, 1e-6));
+}
+
+TEST_F(DistAutogradTest, ContextsAreReleasedEverywhere) {
+  Job& job = *job_;
+  int64_t id;
+  {
+    dist_autograd::Context ctx(job[0]);
+    id = ctx.id();
+    EXPECT_EQ(id >> 48, 0);  // the creator's id in the high bits
+    at::Tensor y = job[0].rpc_sync("worker1", "ag.relay", {c10::List<std::string>({"worker2"}), leaf(6)}).toTensor();
+    job[0].autograd().backward(id, {y.sum()}, false);
+    EXPECT_TRUE(job[1].autograd().has_context(id));
+    EXPECT_TRUE(job[2].autograd().has_context(id));
+  }
+  for (int r = 0; r < 3; ++r) EXPECT_FALSE(job[r].autograd().has_context(id)) << "worker" << r;
+}
+
+TEST_F(DistAutogradTest, BadRootsAndRemoteBackwardErrors) {
+  Job& job = *job_;
+  dist_autograd::Context ctx(job[0]);
+  at::Tensor y = job[0].rpc_sync("worker1", "ag.affine", {leaf(7), 1.0}).toTensor();
+  Error e = testing::expect_error([&] { job[0].autograd().backward(ctx.id(), {y}, false); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(testing::contains(e.what(), "scalar")) << e.what();
+  e = testing::expect_error([&] { job[0].autograd().backward(ctx.id() + 99, {y.sum()}, false); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+}
+
+}  // namespace
+}  // namespace drpc
