@@ -146,6 +146,7 @@ class RuntimeImpl final : public Runtime {
           return apply(value, fn, std::move(args), std::move(kwargs));
         });
     autograd_ = create_autograd_container(*agent_);
+    optimizers_ = create_optimizer_host(*autograd_, functions_);
     agent_->register_handler(kCallRequest,
                              [this](const WorkerInfo& from, Message request) { return serve_call(from, request); });
     agent_->start();
@@ -278,6 +279,7 @@ class RuntimeImpl final : public Runtime {
   std::unique_ptr<RpcAgent> agent_;
   std::shared_ptr<RRefContext> rref_;  // destroyed before the agent it registered with
   std::shared_ptr<AutogradContainer> autograd_;
+  std::unique_ptr<OptimizerHost> optimizers_;
   std::mutex shutdown_mu_;
   bool shut_down_ = false;  // guarded by shutdown_mu_
 };
@@ -346,6 +348,37 @@ RRef remote(const std::string& to, const std::string& fn, std::vector<c10::IValu
 }
 
 RRef RRef::make_local(c10::IValue value) { return current_runtime().make_local(std::move(value)); }
+
+DistributedOptimizer::DistributedOptimizer(const OptimizerSpec& spec, const std::vector<RRef>& params)
+    : DistributedOptimizer(current_runtime(), spec, params) {}
+
+DistributedOptimizer::DistributedOptimizer(Runtime& runtime, const OptimizerSpec& spec, const std::vector<RRef>& params)
+    : runtime_(runtime) {
+  std::map<std::string, c10::impl::GenericList> by_owner;
+  for (const auto& p : params) {
+    auto it = by_owner.find(p.owner_name());
+    if (it == by_owner.end()) it = by_owner.emplace(p.owner_name(), c10::impl::GenericList(c10::AnyType::get())).first;
+    it->second.push_back(p.to_ivalue());
+  }
+  std::vector<std::pair<std::string, FuturePtr>> created;
+  for (auto& [owner, list] : by_owner) {
+    created.emplace_back(owner, runtime_.rpc_async(owner, "drpc.optim.create",
+                                                   {spec.kind, spec.lr, spec.momentum, spec.beta1, spec.beta2, spec.eps,
+                                                    spec.weight_decay, list}));
+  }
+  for (auto& [owner, future] : created) {
+    future->wait();
+    optimizers_.emplace_back(owner, future->value().toInt());  // rethrows a failed creation
+  }
+}
+
+void DistributedOptimizer::step(int64_t context_id) {
+  std::vector<FuturePtr> steps;
+  for (const auto& [owner, id] : optimizers_) {
+    steps.push_back(runtime_.rpc_async(owner, "drpc.optim.step", {id, context_id}));
+  }
+  wait_all(steps);
+}
 
 namespace dist_autograd {
 

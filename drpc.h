@@ -18,6 +18,7 @@
 #include "rpc/function_registry.h"
 #include "rpc/rpc_agent.h"
 #include "dist_autograd/dist_autograd.h"
+#include "dist_autograd/optimizer_host.h"
 #include "rref/rref.h"
 
 namespace drpc {
@@ -130,6 +131,40 @@ void backward(int64_t context_id, const std::vector<at::Tensor>& roots, bool ret
 c10::Dict<at::Tensor, at::Tensor> get_gradients(int64_t context_id);
 
 }  // namespace dist_autograd
+
+namespace optim {
+inline OptimizerSpec sgd(double lr, double momentum = 0, double weight_decay = 0) {
+  OptimizerSpec spec;
+  spec.kind = "sgd";
+  spec.lr = lr;
+  spec.momentum = momentum;
+  spec.weight_decay = weight_decay;
+  return spec;
+}
+inline OptimizerSpec adam(double lr, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8) {
+  OptimizerSpec spec;
+  spec.kind = "adam";
+  spec.lr = lr;
+  spec.beta1 = beta1;
+  spec.beta2 = beta2;
+  spec.eps = eps;
+  return spec;
+}
+}  // namespace optim
+
+// Updates parameters that live on any workers (given as RRefs) with the gradients of a
+// distributed autograd context: one optimizer per owner, created there; step() runs
+// them concurrently and returns when all are done. Thread-safe.
+class DistributedOptimizer {
+ public:
+  DistributedOptimizer(const OptimizerSpec& spec, const std::vector<RRef>& params);  // on current_runtime()
+  DistributedOptimizer(Runtime& runtime, const OptimizerSpec& spec, const std::vector<RRef>& params);
+  void step(int64_t context_id);
+
+ private:
+  Runtime& runtime_;
+  std::vector<std::pair<std::string, int64_t>> optimizers_;  // owner name, optimizer id there
+};
 
 // The runtime that free functions use on this thread: inside a function called over RPC,
 // the worker serving it; otherwise the one init_rpc made. Throws kShutdown if none.

@@ -119,8 +119,16 @@ class Container final : public AutogradContainer, public std::enable_shared_from
     if (context_id < 0) return;
     bool any = false;
     for (const auto& t : m.tensors) any = any || (t.defined() && t.requires_grad());
-    if (!any) return;
     auto context = get_or_create(context_id);
+    if (!any) {
+      // The context travels anyway: what the callee returns may depend on its own
+      // parameters, and its reply must then be recorded in this context.
+      std::lock_guard<std::mutex> lock(context->mu);
+      context->workers.insert(to.id);
+      m.autograd_context = context_id;
+      m.autograd_message = -1;
+      return;
+    }
     auto send = std::make_shared<SendRpcBackward>();
     m.requires_grad.assign(m.tensors.size(), false);
     for (size_t i = 0; i < m.tensors.size(); ++i) {
@@ -140,6 +148,11 @@ class Container final : public AutogradContainer, public std::enable_shared_from
   void on_receive(const WorkerInfo& from, Message& m) {
     if (m.autograd_context < 0) return;
     auto context = get_or_create(m.autograd_context);
+    if (m.autograd_message < 0) {  // the context only, no tensors requiring grad
+      std::lock_guard<std::mutex> lock(context->mu);
+      context->workers.insert(from.id);
+      return;
+    }
     auto recv = std::make_shared<RecvRpcBackward>(m.autograd_message, from.id);
     for (size_t i = 0; i < m.tensors.size() && i < m.requires_grad.size(); ++i) {
       if (!m.requires_grad[i]) continue;
@@ -156,7 +169,7 @@ class Container final : public AutogradContainer, public std::enable_shared_from
   // Runs the local engine from `roots`; gradients reaching leaves accumulate in the
   // context, those reaching recv functions go to their senders, whose answers are awaited.
   void run(int64_t context_id, Context& context, const torch::autograd::edge_list& roots, const variable_list& inputs) {
-    torch::autograd::edge_list outputs;
+    torch::autograd::edge_list outputs, recv_edges;
     std::vector<at::Tensor> leaves;
     std::vector<std::pair<RecvRpcBackward*, uint32_t>> recv_inputs;
     std::unordered_set<Node*> seen;
@@ -175,7 +188,7 @@ class Container final : public AutogradContainer, public std::enable_shared_from
       }
       if (auto* recv = dynamic_cast<RecvRpcBackward*>(node.get())) {
         for (uint32_t i = 0; i < recv->num_inputs(); ++i) {
-          outputs.emplace_back(node, i);
+          recv_edges.emplace_back(node, i);
           recv_inputs.emplace_back(recv, i);
         }
         continue;
@@ -184,6 +197,8 @@ class Container final : public AutogradContainer, public std::enable_shared_from
         if (next.function) stack.push_back(next.function);
       }
     }
+    // Leaves first, then recv inputs: the engine returns gradients in this order.
+    outputs.insert(outputs.end(), recv_edges.begin(), recv_edges.end());
     if (outputs.empty()) return;
     variable_list grads;
     try {

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
 
 #include "drpc.h"
 #include "testing/errors.h"
@@ -23,6 +25,18 @@ DRPC_REGISTER_FUNCTION("ag.relay", [](std::vector<std::string> route, at::Tensor
   std::string next = route.front();
   route.erase(route.begin());
   return current_runtime().rpc_sync(next, "ag.relay", {c10::List<std::string>(route), y}).toTensor();
+});
+
+// A layer whose weight lives on its owner: y = tanh(w * x).
+DRPC_REGISTER_FUNCTION("ag.layer", [](at::Tensor w, at::Tensor x) { return (w * x).tanh(); });
+DRPC_REGISTER_FUNCTION("ag.make_weight", [](int64_t seed) {
+  return RRef::make_local(at::randn({4}, at::detail::createCPUGenerator(seed)).set_requires_grad(true)).to_ivalue();
+});
+DRPC_REGISTER_FUNCTION("ag.throw_in_backward", [](at::Tensor x) {
+  // Differentiable forward whose backward raises: a hook on the result's gradient.
+  at::Tensor y = x * 3;
+  y.register_hook([](at::Tensor) -> at::Tensor { throw std::runtime_error("backward exploded"); });
+  return y;
 });
 
 at::Tensor local_affine(const at::Tensor& x, double a) { return x * a + x.sin(); }
@@ -148,6 +162,68 @@ TEST_F(DistAutogradTest, BadRootsAndRemoteBackwardErrors) {
   EXPECT_TRUE(testing::contains(e.what(), "scalar")) << e.what();
   e = testing::expect_error([&] { job[0].autograd().backward(ctx.id() + 99, {y.sum()}, false); });
   EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+}
+
+TEST_F(DistAutogradTest, DistributedOptimizerMatchesLocalTrainingFor20Steps) {
+  Job& job = *job_;
+  for (const auto& spec : {optim::sgd(0.1, 0.9), optim::adam(0.05)}) {
+    // The same two-layer model trained locally...
+    at::Tensor w1 = at::randn({4}, at::detail::createCPUGenerator(11)).set_requires_grad(true);
+    at::Tensor w2 = at::randn({4}, at::detail::createCPUGenerator(12)).set_requires_grad(true);
+    at::Tensor x = at::linspace(-1, 1, 4), target = at::full({4}, 0.3);
+    std::unique_ptr<torch::optim::Optimizer> local;
+    if (spec.kind == "sgd") {
+      local = std::make_unique<torch::optim::SGD>(std::vector<at::Tensor>{w1, w2},
+                                                  torch::optim::SGDOptions(spec.lr).momentum(spec.momentum));
+    } else {
+      local = std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{w1, w2}, torch::optim::AdamOptions(spec.lr));
+    }
+    for (int step = 0; step < 20; ++step) {
+      local->zero_grad();
+      ((w2 * (w1 * x).tanh()).tanh() - target).pow(2).sum().backward();
+      local->step();
+    }
+    // ...and split: the weights on worker1 and worker2 behind RRefs, the data on worker0.
+    RRef r1 = RRef::from_ivalue(job[0].rpc_sync("worker1", "ag.make_weight", {int64_t{11}}));
+    RRef r2 = RRef::from_ivalue(job[0].rpc_sync("worker2", "ag.make_weight", {int64_t{12}}));
+    DistributedOptimizer opt(job[0], spec, {r1, r2});
+    for (int step = 0; step < 20; ++step) {
+      dist_autograd::Context ctx(job[0]);
+      at::Tensor h = r1.rpc_sync("ag.layer", {x}).toTensor();
+      at::Tensor y = r2.rpc_sync("ag.layer", {h}).toTensor();
+      job[0].autograd().backward(ctx.id(), {(y - target).pow(2).sum()}, false);
+      opt.step(ctx.id());
+    }
+    EXPECT_TRUE(at::allclose(r1.to_here().toTensor(), w1.detach(), 1e-5, 1e-5)) << spec.kind;
+    EXPECT_TRUE(at::allclose(r2.to_here().toTensor(), w2.detach(), 1e-5, 1e-5)) << spec.kind;
+  }
+}
+
+TEST_F(DistAutogradTest, OwnerSideGraphWithParameterAndReceivedInput) {
+  // On worker2 the graph holds both a leaf (its weight) and a received tensor: each must
+  // get its own gradient.
+  Job& job = *job_;
+  at::Tensor w = at::randn({4}, at::detail::createCPUGenerator(21)).set_requires_grad(true);
+  at::Tensor x = at::randn({4}, at::detail::createCPUGenerator(22)).set_requires_grad(true);
+  at::Tensor x2 = x.detach().clone().set_requires_grad(true);
+  (w * x2).tanh().pow(2).sum().backward();
+  RRef rw = RRef::from_ivalue(job[0].rpc_sync("worker2", "ag.make_weight", {int64_t{21}}));
+  dist_autograd::Context ctx(job[0]);
+  at::Tensor y = rw.rpc_sync("ag.layer", {x}).toTensor();
+  job[0].autograd().backward(ctx.id(), {y.pow(2).sum()}, false);
+  EXPECT_TRUE(at::allclose(grad_of(job[0].autograd().gradients(ctx.id()), x), x2.grad(), 1e-5, 1e-6));
+  auto owner_grads = job[2].autograd().gradients(ctx.id());
+  ASSERT_EQ(owner_grads.size(), 1u);
+  EXPECT_TRUE(at::allclose(owner_grads.begin()->value(), w.grad(), 1e-5, 1e-6));
+}
+
+TEST_F(DistAutogradTest, AnExceptionInARemoteBackwardFailsBackwardNamingTheWorker) {
+  Job& job = *job_;
+  dist_autograd::Context ctx(job[0]);
+  at::Tensor y = job[0].rpc_sync("worker2", "ag.throw_in_backward", {leaf(8)}).toTensor();
+  Error e = testing::expect_error([&] { job[0].autograd().backward(ctx.id(), {y.sum()}, false); });
+  EXPECT_TRUE(testing::contains(e.what(), "worker2")) << e.what();
+  EXPECT_TRUE(testing::contains(e.what(), "backward exploded")) << e.what();
 }
 
 }  // namespace
