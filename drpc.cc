@@ -145,7 +145,7 @@ class RuntimeImpl final : public Runtime {
           CurrentRuntime current(this);
           return apply(value, fn, std::move(args), std::move(kwargs));
         });
-    autograd_ = create_autograd_container(*agent_);
+    autograd_ = create_autograd_container(*agent_, options.autograd_context_ttl);
     optimizers_ = create_optimizer_host(*autograd_, functions_);
     agent_->register_handler(kCallRequest,
                              [this](const WorkerInfo& from, Message request) { return serve_call(from, request); });

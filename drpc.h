@@ -40,6 +40,8 @@ struct Options {
   std::string token;                      // a shared secret every connection must present
   std::string backend = "process_group";
   std::vector<std::pair<std::string, std::string>> scripts;  // TorchScript to host: name, path
+  // Autograd contexts created by another worker and unused this long are reclaimed.
+  std::chrono::milliseconds autograd_context_ttl{std::chrono::minutes(30)};
 };
 
 // Builds an RpcAgent over a job's process group (see register_backend).

@@ -6,6 +6,8 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <thread>
 #include <map>
 #include <mutex>
 #include <set>
@@ -41,6 +43,7 @@ struct RecvRpcBackward : Node {
 };
 
 struct Context {
+  std::atomic<int64_t> last_used_ns{0};  // steady clock; for reclaiming orphans
   std::mutex mu;
   std::map<int64_t, std::shared_ptr<SendRpcBackward>> sends;
   std::map<int64_t, std::shared_ptr<RecvRpcBackward>> recvs;
@@ -50,7 +53,16 @@ struct Context {
 
 class Container final : public AutogradContainer, public std::enable_shared_from_this<Container> {
  public:
-  explicit Container(RpcAgent& agent) : agent_(agent) {}
+  Container(RpcAgent& agent, std::chrono::milliseconds orphan_ttl) : agent_(agent), orphan_ttl_(orphan_ttl) {}
+
+  ~Container() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    reaper_cv_.notify_all();
+    if (reaper_.joinable()) reaper_.join();
+  }
 
   void install() {
     auto self = shared_from_this();
@@ -61,6 +73,7 @@ class Container final : public AutogradContainer, public std::enable_shared_from
                             [self](const WorkerInfo& from, Message m) { return self->on_backward(from, std::move(m)); });
     agent_.register_handler(kAutogradRelease,
                             [self](const WorkerInfo& from, Message m) { return self->on_release(from, std::move(m)); });
+    reaper_ = std::thread([this] { reap_orphans(); });
   }
 
   int64_t new_context() override {
@@ -257,6 +270,7 @@ class Container final : public AutogradContainer, public std::enable_shared_from
       throw Error(ErrorKind::kBadArgument, "unknown autograd context " + std::to_string(request.context()) + " on " +
                                                agent_.self().name);
     }
+    touch(*context);
     std::shared_ptr<SendRpcBackward> send;
     {
       std::lock_guard<std::mutex> lock(context->mu);
@@ -323,20 +337,51 @@ class Container final : public AutogradContainer, public std::enable_shared_from
     std::lock_guard<std::mutex> lock(mu_);
     auto& slot = contexts_[id];
     if (!slot) slot = std::make_shared<Context>();
+    touch(*slot);
     return slot;
   }
 
+  static void touch(Context& context) {
+    context.last_used_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+  }
+
+  // Contexts created elsewhere and unused for orphan_ttl_ are dropped: nobody will
+  // release them once their creator is gone.
+  void reap_orphans() {
+    const auto period = std::max(orphan_ttl_ / 4, std::chrono::milliseconds(1));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!reaper_cv_.wait_for(lock, period, [&] { return stopping_; })) {
+      const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+      const int64_t ttl = std::chrono::duration_cast<std::chrono::nanoseconds>(orphan_ttl_).count();
+      for (auto it = contexts_.begin(); it != contexts_.end();) {
+        const bool foreign = (it->first >> 48) != agent_.self().id;
+        if (foreign && now - it->second->last_used_ns.load() > ttl) {
+          LOG(WARNING) << agent_.self().name << ": reclaimed autograd context " << it->first
+                       << " (unused for " << orphan_ttl_.count() << " ms)";
+          it = contexts_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
   RpcAgent& agent_;
+  const std::chrono::milliseconds orphan_ttl_;
   std::atomic<int64_t> next_context_{0};
   std::atomic<int64_t> next_message_{0};
+  std::thread reaper_;
   std::mutex mu_;
-  std::map<int64_t, std::shared_ptr<Context>> contexts_;  // guarded by mu_
+  std::condition_variable reaper_cv_;
+  // Guarded by mu_.
+  std::map<int64_t, std::shared_ptr<Context>> contexts_;
+  bool stopping_ = false;
 };
 
 }  // namespace
 
-std::shared_ptr<AutogradContainer> create_autograd_container(RpcAgent& agent) {
-  auto container = std::make_shared<Container>(agent);
+std::shared_ptr<AutogradContainer> create_autograd_container(RpcAgent& agent, std::chrono::milliseconds orphan_ttl) {
+  auto container = std::make_shared<Container>(agent, orphan_ttl);
   container->install();
   return container;
 }

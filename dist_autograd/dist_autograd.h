@@ -51,7 +51,9 @@ class AutogradContainer {
 };
 
 // Registers its handlers and interceptor on `agent` (borrowed; must outlive it; before
-// agent.start()).
-std::shared_ptr<AutogradContainer> create_autograd_container(RpcAgent& agent);
+// agent.start()). A context another worker created that sees no use for `orphan_ttl` is
+// reclaimed (its creator died or forgot to release it).
+std::shared_ptr<AutogradContainer> create_autograd_container(
+    RpcAgent& agent, std::chrono::milliseconds orphan_ttl = std::chrono::minutes(30));
 
 }  // namespace drpc

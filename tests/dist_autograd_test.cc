@@ -226,5 +226,23 @@ TEST_F(DistAutogradTest, AnExceptionInARemoteBackwardFailsBackwardNamingTheWorke
   EXPECT_TRUE(testing::contains(e.what(), "backward exploded")) << e.what();
 }
 
+TEST(DistAutogradOrphans, ContextsWhoseCreatorNeverReleasesAreReclaimed) {
+  Options options;
+  options.autograd_context_ttl = std::chrono::milliseconds(300);
+  Job job(2, options);
+  const int64_t id = job[0].autograd().new_context();  // never released by its creator
+  job[0].autograd().set_current_context(id);
+  job[0].rpc_sync("worker1", "ag.affine", {leaf(30), 1.0});
+  job[0].autograd().set_current_context(-1);
+  EXPECT_TRUE(job[1].autograd().has_context(id));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (job[1].autograd().has_context(id) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_FALSE(job[1].autograd().has_context(id));
+  EXPECT_TRUE(job[0].autograd().has_context(id));  // the creator's own context is its to release
+  job[0].autograd().release(id);
+}
+
 }  // namespace
 }  // namespace drpc

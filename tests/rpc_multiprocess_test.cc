@@ -24,6 +24,13 @@ TEST(RpcProcesses, RRefsForkedAcrossFourWorkersAreAllReleased) {
   for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "worker" << r;
 }
 
+TEST(RpcProcesses, WorkerKilledDuringDistributedBackward) {
+  const auto codes = run_workers(3, "backward_killed");
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+  EXPECT_EQ(codes[2], 128 + SIGKILL);
+}
+
 TEST(RpcProcesses, CalleeKilledMidCallFailsTheCallerWithinTwoSeconds) {
   const auto codes = run_workers(3, "peer_killed");
   EXPECT_EQ(codes[0], 0);

@@ -17,7 +17,7 @@
 DEFINE_int32(rank, 0, "rank");
 DEFINE_int32(world_size, 3, "world size");
 DEFINE_int32(store_port, 0, "the test's store on 127.0.0.1");
-DEFINE_string(scenario, "calls", "calls | peer_killed | rrefs");
+DEFINE_string(scenario, "calls", "calls | peer_killed | rrefs | backward_killed");
 
 using namespace drpc;
 using std::chrono::milliseconds;
@@ -25,6 +25,14 @@ using std::chrono::milliseconds;
 DRPC_REGISTER_FUNCTION("test.die", []() -> int64_t {
   raise(SIGKILL);
   return 0;
+});
+DRPC_REGISTER_FUNCTION("test.die_in_backward", [](at::Tensor x) {
+  at::Tensor y = x * 3;
+  y.register_hook([](at::Tensor g) -> at::Tensor {
+    raise(SIGKILL);
+    return g;
+  });
+  return y;
 });
 DRPC_REGISTER_FUNCTION("test.rank_plus", [](at::Tensor t) { return t + get_worker_info().id; });
 DRPC_REGISTER_FUNCTION("test.rref_sum", [](c10::IValue rref) {
@@ -147,6 +155,41 @@ void rrefs() {
   shutdown(true);
 }
 
+// worker2 dies inside the distributed backward; worker0's backward fails naming it, and
+// worker1 keeps serving.
+void backward_killed() {
+  if (FLAGS_rank != 0) {
+    process_group().barrier()->wait();
+    if (FLAGS_rank == 1) {
+      process_group().recv({at::empty({1})}, 0, 97)->wait();  // until worker0 is done
+      shutdown(false);
+    } else {
+      process_group().recv({at::empty({1})}, 0, 96)->wait();  // serves until killed
+    }
+    return;
+  }
+  process_group().barrier()->wait();
+  at::Tensor x = at::ones({3}).set_requires_grad(true);
+  {
+    dist_autograd::Context ctx;
+    at::Tensor h = rpc_sync(name(1), "test.rank_plus", {x}).toTensor();
+    at::Tensor y = rpc_sync(name(2), "test.die_in_backward", {h}).toTensor();
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      dist_autograd::backward(ctx.id(), {y.sum()});
+      check(false, "backward through a killed worker fails");
+    } catch (const Error& e) {
+      check(e.kind() == ErrorKind::kPeerUnavailable, std::string("kind: ") + e.what());
+      check(std::string(e.what()).find("worker2") != std::string::npos, std::string("names worker2: ") + e.what());
+    }
+    check(std::chrono::steady_clock::now() - start < milliseconds(5000), "fails within 5 s");
+  }
+  check(at::equal(rpc_sync(name(1), "test.rank_plus", {at::ones({1})}).toTensor(), at::full({1}, 2.0)),
+        "worker1 still serves");
+  process_group().send({at::ones({1})}, 1, 97)->wait();
+  shutdown(false);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -160,6 +203,8 @@ int main(int argc, char** argv) {
     init_rpc(name(FLAGS_rank), FLAGS_rank, FLAGS_world_size, options);
     if (FLAGS_scenario == "peer_killed") {
       peer_killed();
+    } else if (FLAGS_scenario == "backward_killed") {
+      backward_killed();
     } else if (FLAGS_scenario == "rrefs") {
       rrefs();
     } else {
