@@ -15,6 +15,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <chrono>
 #include <cstdio>
@@ -28,8 +29,21 @@ DEFINE_int32(store_port, 0, "internal: the store's port");
 DEFINE_int32(sync_calls, 2000, "rpc_sync calls timed");
 DEFINE_int32(async_calls, 10000, "rpc_async calls timed");
 DEFINE_int32(echo_iters, 5, "64 MiB echoes timed");
+DEFINE_string(mode, "rpc", "rpc | rref (remote + to_here pairs) | autograd (training steps)");
+DEFINE_int32(world_size, 2, "workers (autograd mode: 1 trainer + world_size-1 remote layers)");
+DEFINE_int32(iters, 500, "rref pairs or autograd steps timed");
 
 DRPC_REGISTER_FUNCTION("bench.echo", [](at::Tensor t) { return t; });
+// A Linear(256, 256) layer whose weight and bias live on this worker.
+DRPC_REGISTER_FUNCTION("bench.make_linear", []() {
+  auto w = (at::randn({256, 256}, at::detail::createCPUGenerator(1)) / 16).set_requires_grad(true);
+  auto b = at::zeros({256}).set_requires_grad(true);
+  return c10::ivalue::Tuple::create({drpc::RRef::make_local(w).to_ivalue(), drpc::RRef::make_local(b).to_ivalue()});
+});
+DRPC_REGISTER_FUNCTION("bench.linear", [](c10::IValue w, c10::IValue b, at::Tensor x) {
+  return at::relu(at::addmm(drpc::RRef::from_ivalue(b).local_value().toTensor(), x,
+                            drpc::RRef::from_ivalue(w).local_value().toTensor().t()));
+});
 
 namespace {
 
@@ -76,12 +90,64 @@ double tcp_pingpong_us(drpc::Store& store, int rank, int iters) {
   return us;
 }
 
+// remote(aten::add) followed by to_here(), us per pair.
+void rref_pairs() {
+  at::Tensor a = at::ones({2}), b = at::ones({2});
+  for (int i = 0; i < 100; ++i) drpc::remote("worker1", "aten::add", {a, b}).to_here();
+  auto start = Clock::now();
+  for (int i = 0; i < FLAGS_iters; ++i) drpc::remote("worker1", "aten::add", {a, b}).to_here();
+  std::printf("rref_us=%.1f\n", seconds_since(start) / FLAGS_iters * 1e6);
+}
+
+// One training step: forward through remote Linear(256,256) layers (one per other
+// worker), a local head, MSE loss, distributed backward, DistributedOptimizer SGD step.
+void autograd_steps() {
+  std::vector<std::pair<drpc::RRef, drpc::RRef>> layers;
+  std::vector<drpc::RRef> params;
+  for (int r = 1; r < FLAGS_world_size; ++r) {
+    auto wb = drpc::rpc_sync("worker" + std::to_string(r), "bench.make_linear").toTupleRef().elements();
+    layers.emplace_back(drpc::RRef::from_ivalue(wb[0]), drpc::RRef::from_ivalue(wb[1]));
+    params.push_back(layers.back().first);
+    params.push_back(layers.back().second);
+  }
+  at::Tensor head = (at::randn({1, 256}, at::detail::createCPUGenerator(2)) / 16).set_requires_grad(true);
+  params.push_back(drpc::RRef::make_local(head));
+  drpc::DistributedOptimizer opt(drpc::optim::sgd(0.01), params);
+  at::Tensor x = at::randn({32, 256}, at::detail::createCPUGenerator(3));
+  at::Tensor target = at::randn({32, 1}, at::detail::createCPUGenerator(4));
+  auto step = [&] {
+    drpc::dist_autograd::Context ctx;
+    at::Tensor h = x;
+    for (size_t l = 0; l < layers.size(); ++l) {
+      h = drpc::rpc_sync("worker" + std::to_string(l + 1), "bench.linear",
+                         {layers[l].first.to_ivalue(), layers[l].second.to_ivalue(), h})
+              .toTensor();
+    }
+    at::Tensor loss = (h.matmul(head.t()) - target).pow(2).mean();
+    drpc::dist_autograd::backward(ctx.id(), {loss});
+    opt.step(ctx.id());
+  };
+  for (int i = 0; i < 10; ++i) step();
+  auto start = Clock::now();
+  for (int i = 0; i < FLAGS_iters; ++i) step();
+  std::printf("step_ms=%.3f\n", seconds_since(start) / FLAGS_iters * 1e3);
+}
+
 int run_worker() {
   at::set_num_threads(1);
   auto store = drpc::connect_store("127.0.0.1", FLAGS_store_port, std::chrono::seconds(30));
   drpc::Options options;
   options.store = store.get();
-  drpc::init_rpc("worker" + std::to_string(FLAGS_rank), FLAGS_rank, 2, options);
+  drpc::init_rpc("worker" + std::to_string(FLAGS_rank), FLAGS_rank, FLAGS_world_size, options);
+  if (FLAGS_mode != "rpc") {
+    if (FLAGS_rank == 0) {
+      if (FLAGS_mode == "rref") rref_pairs();
+      if (FLAGS_mode == "autograd") autograd_steps();
+      std::fflush(stdout);
+    }
+    drpc::shutdown(true);
+    return 0;
+  }
   const double tcp_us = tcp_pingpong_us(*store, FLAGS_rank, 5000);
   if (FLAGS_rank == 0) {
     at::Tensor a = at::ones({2}), b = at::ones({2});
@@ -124,9 +190,11 @@ int main(int argc, char** argv) {
   if (len <= 0) return 1;
   self[len] = '\0';
   std::vector<std::unique_ptr<drpc::Subprocess>> workers;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < FLAGS_world_size; ++r) {
     workers.push_back(drpc::Subprocess::start(
         {self, "--rank=" + std::to_string(r), "--store_port=" + std::to_string(server->port()),
+         "--mode=" + FLAGS_mode, "--world_size=" + std::to_string(FLAGS_world_size),
+         "--iters=" + std::to_string(FLAGS_iters),
          "--sync_calls=" + std::to_string(FLAGS_sync_calls), "--async_calls=" + std::to_string(FLAGS_async_calls),
          "--echo_iters=" + std::to_string(FLAGS_echo_iters)}));
   }
