@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+
+#include <thread>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
@@ -56,6 +58,12 @@ class DistAutogradTest : public ::testing::Test {
   static void TearDownTestSuite() {
     delete job_;
     job_ = nullptr;
+  }
+  // Every test leaves no context behind on any worker.
+  void TearDown() override {
+    for (int r = 0; r < job_->size(); ++r) {
+      EXPECT_EQ((*job_)[r].autograd().num_contexts(), 0) << "worker" << r;
+    }
   }
   static Job* job_;
 };
@@ -215,6 +223,31 @@ TEST_F(DistAutogradTest, OwnerSideGraphWithParameterAndReceivedInput) {
   auto owner_grads = job[2].autograd().gradients(ctx.id());
   ASSERT_EQ(owner_grads.size(), 1u);
   EXPECT_TRUE(at::allclose(owner_grads.begin()->value(), w.grad(), 1e-5, 1e-6));
+}
+
+TEST_F(DistAutogradTest, TwoConcurrentContextsOnOneParameterServer) {
+  Job& job = *job_;
+  RRef w = RRef::from_ivalue(job[0].rpc_sync("worker2", "ag.make_weight", {int64_t{40}}));
+  at::Tensor w_value = w.to_here().toTensor();
+  std::vector<at::Tensor> inputs = {at::full({4}, 0.5), at::full({4}, -2.0)};
+  std::vector<at::Tensor> owner_grads(2);
+  std::vector<std::thread> trainers;
+  for (int t = 0; t < 2; ++t) {
+    trainers.emplace_back([&, t] {
+      dist_autograd::Context ctx(job[t]);  // trainers on worker0 and worker1 at once
+      for (int i = 0; i < 5; ++i) {
+        at::Tensor y = RRef(w).rpc_sync("ag.layer", {inputs[t]}).toTensor();
+        job[t].autograd().backward(ctx.id(), {y.sum()}, false);
+      }
+      owner_grads[t] = job[2].autograd().gradients(ctx.id()).begin()->value().clone();
+    });
+  }
+  for (auto& t : trainers) t.join();
+  for (int t = 0; t < 2; ++t) {
+    at::Tensor wl = w_value.clone().set_requires_grad(true);
+    (wl * inputs[t]).tanh().sum().backward();
+    EXPECT_TRUE(at::allclose(owner_grads[t], wl.grad() * 5, 1e-5, 1e-6)) << "context " << t;
+  }
 }
 
 TEST_F(DistAutogradTest, AnExceptionInARemoteBackwardFailsBackwardNamingTheWorker) {
