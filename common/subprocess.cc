@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fcntl.h>
 #include <stdexcept>
 #include <thread>
 
@@ -26,6 +27,11 @@ int decode_status(int status) {
 
 std::unique_ptr<Subprocess> Subprocess::start(const std::vector<std::string>& argv,
                                               const std::vector<std::string>& extra_env) {
+  return start_with_output(argv, extra_env, nullptr);
+}
+
+std::unique_ptr<Subprocess> Subprocess::start_with_output(const std::vector<std::string>& argv,
+                                                          const std::vector<std::string>& extra_env, int* output_fd) {
   if (argv.empty()) throw std::runtime_error("Subprocess::start: empty argv");
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -41,9 +47,23 @@ std::unique_ptr<Subprocess> Subprocess::start(const std::vector<std::string>& ar
   posix_spawnattr_init(&attr);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
   posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  int fds[2] = {-1, -1};
+  if (output_fd) {
+    if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("cannot create a pipe for " + argv[0]);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+  }
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, args[0], nullptr, &attr, args.data(), env.data());
+  const int rc = posix_spawn(&pid, args[0], &actions, &attr, args.data(), env.data());
+  posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
+  if (output_fd) {
+    close(fds[1]);
+    if (rc != 0) close(fds[0]);
+    else *output_fd = fds[0];
+  }
   if (rc != 0) {
     throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
   }

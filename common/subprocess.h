@@ -18,6 +18,10 @@ class Subprocess {
   // plus `extra_env` ("NAME=value"). Throws std::runtime_error if it cannot start.
   static std::unique_ptr<Subprocess> start(const std::vector<std::string>& argv,
                                            const std::vector<std::string>& extra_env = {});
+  // The same, with the child's stdout and stderr sent into one pipe; *output_fd receives
+  // its read end (the caller closes it).
+  static std::unique_ptr<Subprocess> start_with_output(const std::vector<std::string>& argv,
+                                                       const std::vector<std::string>& extra_env, int* output_fd);
 
   Subprocess(const Subprocess&) = delete;
   Subprocess& operator=(const Subprocess&) = delete;

@@ -1,0 +1,181 @@
+// The main job: an MLP trained on Fashion-MNIST with the model split across workers.
+// Rank 0 (the trainer) holds the input layer and the head; every other rank holds one
+// hidden block (Linear(256,256) + ReLU) behind RRefs. Forward goes through RPC, backward
+// is distributed autograd, the update a DistributedOptimizer (SGD with momentum).
+// Started by tools/demo.sh through drpc_launch; flags also read DRPC_* variables.
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <zlib.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "drpc.h"
+
+DEFINE_int32(rank, -1, "this worker's rank (or DRPC_RANK)");
+DEFINE_int32(world_size, -1, "number of workers (or DRPC_WORLD_SIZE)");
+DEFINE_string(master_addr, "127.0.0.1", "where rank 0 serves the store");
+DEFINE_int32(master_port, 29500, "the store's port");
+DEFINE_int32(epochs, 2, "training epochs");
+DEFINE_int32(batch_size, 64, "batch size");
+DEFINE_double(lr, 0.05, "learning rate");
+DEFINE_int32(limit, 0, "use only this many training images (0: all)");
+DEFINE_int32(test_limit, 0, "use only this many test images (0: all)");
+DEFINE_string(data_dir, "/usr/share/datasets/fashion-mnist", "Debian's dataset-fashion-mnist");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int env_or(int flag, const char* name) {
+  if (flag >= 0) return flag;
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : -1;
+}
+
+// Reads a gzipped IDX file into a uint8 tensor of its shape.
+at::Tensor read_idx(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) throw std::runtime_error("cannot open " + path + " (install dataset-fashion-mnist: tools/demo.sh does)");
+  auto read_u32 = [&]() {
+    unsigned char b[4];
+    if (gzread(f, b, 4) != 4) throw std::runtime_error("truncated " + path);
+    return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | b[3];
+  };
+  const uint32_t magic = read_u32();
+  const int dims = magic & 0xff;
+  if ((magic >> 8) != 0x08 || dims < 1 || dims > 3) throw std::runtime_error(path + " is not an IDX file of bytes");
+  std::vector<int64_t> sizes;
+  for (int d = 0; d < dims; ++d) sizes.push_back(read_u32());
+  at::Tensor t = at::empty(sizes, at::kByte);
+  const int64_t n = t.numel();
+  if (gzread(f, t.data_ptr(), n) != n) throw std::runtime_error("truncated " + path);
+  gzclose(f);
+  return t;
+}
+
+at::Tensor images(const std::string& path) {
+  at::Tensor raw = read_idx(path);
+  return ((raw.to(at::kFloat).reshape({raw.size(0), -1}) / 255.0) - 0.2860) / 0.3530;
+}
+
+at::Tensor init_weight(int64_t out, int64_t in, uint64_t seed) {
+  return (at::randn({out, in}, at::detail::createCPUGenerator(seed)) * std::sqrt(2.0 / in)).set_requires_grad(true);
+}
+
+std::string worker(int r) { return "worker" + std::to_string(r); }
+
+void train(int world_size) {
+  const at::Tensor train_x_all = images(FLAGS_data_dir + "/train-images-idx3-ubyte.gz");
+  const at::Tensor train_y_all = read_idx(FLAGS_data_dir + "/train-labels-idx1-ubyte.gz").to(at::kLong);
+  at::Tensor test_x = images(FLAGS_data_dir + "/t10k-images-idx3-ubyte.gz");
+  at::Tensor test_y = read_idx(FLAGS_data_dir + "/t10k-labels-idx1-ubyte.gz").to(at::kLong);
+  if (FLAGS_test_limit > 0 && FLAGS_test_limit < test_x.size(0)) {
+    test_x = test_x.narrow(0, 0, FLAGS_test_limit);
+    test_y = test_y.narrow(0, 0, FLAGS_test_limit);
+  }
+  const int64_t n = FLAGS_limit > 0 ? std::min<int64_t>(FLAGS_limit, train_x_all.size(0)) : train_x_all.size(0);
+  const at::Tensor train_x = train_x_all.narrow(0, 0, n), train_y = train_y_all.narrow(0, 0, n);
+  std::printf("Fashion-MNIST: %ld training and %ld test images; model split over %d workers\n", (long)n,
+              (long)test_x.size(0), world_size);
+
+  // Input layer and head here; one hidden block on each other worker.
+  at::Tensor w_in = init_weight(256, 784, 1), b_in = at::zeros({256}).set_requires_grad(true);
+  at::Tensor w_out = init_weight(10, 256, 2), b_out = at::zeros({10}).set_requires_grad(true);
+  std::vector<drpc::RRef> params = {drpc::RRef::make_local(w_in), drpc::RRef::make_local(b_in),
+                                    drpc::RRef::make_local(w_out), drpc::RRef::make_local(b_out)};
+  std::vector<std::pair<c10::IValue, c10::IValue>> blocks;
+  for (int r = 1; r < world_size; ++r) {
+    auto wb = drpc::rpc_sync(worker(r), "demo.make_block", {int64_t{r + 10}}).toTupleRef().elements();
+    blocks.emplace_back(wb[0], wb[1]);
+    params.push_back(drpc::RRef::from_ivalue(wb[0]));
+    params.push_back(drpc::RRef::from_ivalue(wb[1]));
+  }
+  drpc::DistributedOptimizer optimizer(drpc::optim::sgd(FLAGS_lr, 0.9), params);
+
+  auto forward = [&](const at::Tensor& x) {
+    at::Tensor h = at::relu(at::addmm(b_in, x, w_in.t()));
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      h = drpc::rpc_sync(worker(i + 1), "demo.block", {blocks[i].first, blocks[i].second, h}).toTensor();
+    }
+    return at::addmm(b_out, h, w_out.t());
+  };
+
+  for (int epoch = 1; epoch <= FLAGS_epochs; ++epoch) {
+    const auto start = Clock::now();
+    at::Tensor order = at::randperm(n, at::detail::createCPUGenerator(100 + epoch));
+    const int64_t steps = (n + FLAGS_batch_size - 1) / FLAGS_batch_size;
+    double running = 0, total = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+      at::Tensor idx = order.narrow(0, s * FLAGS_batch_size, std::min<int64_t>(FLAGS_batch_size, n - s * FLAGS_batch_size));
+      at::Tensor x = train_x.index_select(0, idx), y = train_y.index_select(0, idx);
+      drpc::dist_autograd::Context ctx;
+      at::Tensor loss = at::nll_loss(at::log_softmax(forward(x), 1), y);
+      drpc::dist_autograd::backward(ctx.id(), {loss});
+      optimizer.step(ctx.id());
+      const double l = loss.item<double>();
+      running = s == 0 ? l : 0.98 * running + 0.02 * l;
+      total += l;
+      if (s % 10 == 0 || s == steps - 1) {
+        const int width = 30, filled = static_cast<int>(width * (s + 1) / steps);
+        std::printf("\repoch %d [%s%s] %3d%% loss %.4f", epoch, std::string(filled, '#').c_str(),
+                    std::string(width - filled, '.').c_str(), static_cast<int>(100 * (s + 1) / steps), running);
+        std::fflush(stdout);
+      }
+    }
+    // Test accuracy, through the same split model, without recording gradients.
+    int64_t correct = 0;
+    for (int64_t b = 0; b < test_x.size(0); b += 1000) {
+      const int64_t m = std::min<int64_t>(1000, test_x.size(0) - b);
+      at::Tensor logits = forward(test_x.narrow(0, b, m));
+      correct += logits.argmax(1).eq(test_y.narrow(0, b, m)).sum().item<int64_t>();
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    std::printf("\nepoch %d: train loss %.4f, test accuracy %.2f%% (%.1f s)\n", epoch, total / steps,
+                100.0 * correct / test_x.size(0), seconds);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+DRPC_REGISTER_FUNCTION("demo.make_block", [](int64_t seed) {
+  at::Tensor w = init_weight(256, 256, seed), b = at::zeros({256}).set_requires_grad(true);
+  return c10::ivalue::Tuple::create({drpc::RRef::make_local(w).to_ivalue(), drpc::RRef::make_local(b).to_ivalue()});
+});
+DRPC_REGISTER_FUNCTION("demo.block", [](c10::IValue w, c10::IValue b, at::Tensor x) {
+  return at::relu(at::addmm(drpc::RRef::from_ivalue(b).local_value().toTensor(), x,
+                            drpc::RRef::from_ivalue(w).local_value().toTensor().t()));
+});
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  const int rank = env_or(FLAGS_rank, "DRPC_RANK");
+  const int world_size = env_or(FLAGS_world_size, "DRPC_WORLD_SIZE");
+  if (rank < 0 || world_size < 1) {
+    std::cerr << "fashion_mnist: give --rank and --world_size (or DRPC_RANK, DRPC_WORLD_SIZE)\n";
+    return 2;
+  }
+  at::set_num_threads(1);  // several workers share the machine's cores
+  try {
+    drpc::Options options;
+    options.master_addr = FLAGS_master_addr;
+    options.master_port = FLAGS_master_port;
+    options.rpc_timeout = std::chrono::seconds(120);
+    drpc::init_rpc(worker(rank), rank, world_size, options);
+    if (rank == 0) train(world_size);
+    drpc::shutdown(true);  // the other workers serve until the trainer is done
+  } catch (const std::exception& e) {
+    std::cerr << "worker" << rank << ": " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
