@@ -25,6 +25,10 @@ testlogs=$(bazel info bazel-testlogs 2>/dev/null)
 while read -r target result; do
   xml="$testlogs/$(echo "${target#//}" | tr ':' '/')/test.xml"
   head=$( [ -f "$xml" ] && grep -m1 -o '<testsuites[^>]*>' "$xml" || true)
+  # Bazel's own XML (sh_test) puts the counts on <testsuite>, not <testsuites>.
+  if [ -n "$head" ] && ! echo "$head" | grep -q 'tests="'; then
+    head=$(grep -m1 -o '<testsuite [^>]*>' "$xml" || true)
+  fi
   if [ -z "$head" ]; then  # no per-case results: the target counts as one case
     if [ "$result" = PASSED ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
     continue
