@@ -1,0 +1,106 @@
+// A worker process of a drpc job: joins the job, serves RPCs (builtin operators, the
+// functions linked into this binary, TorchScript it loads) until the job shuts down.
+//   drpc_worker --name=worker1 --rank=1 --world_size=3 --master_addr=10.0.0.5 --master_port=29500
+//               [--listen=0.0.0.0] [--load=model=/models/model.pt,...] [--rpc_timeout_ms=60000]
+// Every flag not given falls back to an environment variable (DRPC_NAME, DRPC_RANK,
+// DRPC_WORLD_SIZE, DRPC_MASTER_ADDR, DRPC_MASTER_PORT, DRPC_LISTEN, DRPC_LOAD,
+// DRPC_RPC_TIMEOUT_MS, DRPC_NUM_THREADS), as container orchestrators set them.
+// Exits 0 after a graceful shutdown (or SIGTERM: it leaves the job), 1 with a one-line
+// reason otherwise.
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <signal.h>
+
+#include <ATen/Parallel.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "drpc.h"
+
+DEFINE_string(name, "", "this worker's name (default: worker<rank>)");
+DEFINE_int32(rank, -1, "this worker's rank");
+DEFINE_int32(world_size, -1, "number of workers in the job");
+DEFINE_string(master_addr, "127.0.0.1", "where rank 0 serves the rendezvous store");
+DEFINE_int32(master_port, 29500, "the store's port");
+DEFINE_string(listen, "127.0.0.1", "the address this worker listens on");
+DEFINE_string(load, "", "TorchScript to host: NAME=FILE[,NAME=FILE...]");
+DEFINE_int32(rpc_timeout_ms, 60000, "default RPC deadline");
+DEFINE_int32(num_threads, 4, "handler threads");
+// --log_dir is glog's own flag (logs go there instead of /tmp); DRPC_LOG_DIR works too.
+
+namespace {
+
+// The flag if it was given, else the environment variable, else the flag's default.
+std::string setting(const char* flag, const char* env) {
+  gflags::CommandLineFlagInfo info = gflags::GetCommandLineFlagInfoOrDie(flag);
+  if (!info.is_default) return info.current_value;
+  const char* v = std::getenv(env);
+  return v ? v : info.current_value;
+}
+
+int fail(const std::string& reason) {
+  std::cerr << "drpc_worker: " << reason << std::endl;
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  const std::string log_dir = setting("log_dir", "DRPC_LOG_DIR");
+  if (!log_dir.empty()) FLAGS_log_dir = log_dir;
+  google::InitGoogleLogging(argv[0]);
+  int rank, world_size;
+  drpc::Options options;
+  std::string name;
+  try {
+    rank = std::stoi(setting("rank", "DRPC_RANK"));
+    world_size = std::stoi(setting("world_size", "DRPC_WORLD_SIZE"));
+    name = setting("name", "DRPC_NAME");
+    if (name.empty()) name = "worker" + std::to_string(rank);
+    options.master_addr = setting("master_addr", "DRPC_MASTER_ADDR");
+    options.master_port = std::stoi(setting("master_port", "DRPC_MASTER_PORT"));
+    options.listen_host = setting("listen", "DRPC_LISTEN");
+    options.rpc_timeout = std::chrono::milliseconds(std::stoi(setting("rpc_timeout_ms", "DRPC_RPC_TIMEOUT_MS")));
+    options.num_worker_threads = std::stoi(setting("num_threads", "DRPC_NUM_THREADS"));
+    std::stringstream loads(setting("load", "DRPC_LOAD"));
+    for (std::string item; std::getline(loads, item, ',');) {
+      const size_t eq = item.find('=');
+      if (eq == std::string::npos || eq == 0) return fail("--load wants NAME=FILE, got '" + item + "'");
+      options.scripts.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+    }
+  } catch (const std::exception& e) {
+    return fail(std::string("bad setting: ") + e.what());
+  }
+  if (rank < 0 || world_size < 1) return fail("--rank and --world_size (or DRPC_RANK, DRPC_WORLD_SIZE) are required");
+  at::set_num_threads(1);
+
+  // SIGTERM: leave the job (an orderly exit; the others see this worker go).
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &term, nullptr);
+  try {
+    drpc::init_rpc(name, rank, world_size, options);
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+  LOG(INFO) << name << " (rank " << rank << " of " << world_size << ") serving";
+  std::thread([term] {
+    int signal = 0;
+    sigwait(&term, &signal);
+    LOG(WARNING) << "SIGTERM: leaving the job";
+    drpc::shutdown(false);
+    std::_Exit(0);
+  }).detach();
+  try {
+    drpc::shutdown(true);  // serves until every worker of the job has shut down
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+  return 0;
+}
