@@ -123,6 +123,11 @@ class RuntimeImpl final : public Runtime {
     auto pg_store = create_prefix_store("pg", *store);
     GrpcProcessGroupOptions pg;
     pg.listen_host = options.listen_host;
+    pg.advertise_host = options.advertise_host;
+    if (pg.advertise_host.empty() && (pg.listen_host == "0.0.0.0" || pg.listen_host == "::")) {
+      throw Error(ErrorKind::kBadArgument, "listening on " + pg.listen_host +
+                                               " needs an address peers can dial (Options::advertise_host)");
+    }
     pg.timeout = options.init_timeout;
     pg.token = options.token;
     group_ = create_grpc_process_group(*pg_store, rank, world_size, pg);

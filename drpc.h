@@ -33,7 +33,8 @@ struct Options {
   int master_port = 29500;
   bool host_store = true;                 // rank 0 serves the store (else it runs elsewhere)
   Store* store = nullptr;                 // rendezvous through this store instead (borrowed)
-  std::string listen_host = "127.0.0.1";  // this worker's address for its peers
+  std::string listen_host = "127.0.0.1";  // the address this worker listens on
+  std::string advertise_host;             // what peers dial (default: listen_host)
   std::chrono::milliseconds rpc_timeout{60000};
   std::chrono::milliseconds init_timeout{60000};
   int num_worker_threads = 4;

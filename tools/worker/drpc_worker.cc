@@ -3,7 +3,7 @@
 //   drpc_worker --name=worker1 --rank=1 --world_size=3 --master_addr=10.0.0.5 --master_port=29500
 //               [--listen=0.0.0.0] [--load=model=/models/model.pt,...] [--rpc_timeout_ms=60000]
 // Every flag not given falls back to an environment variable (DRPC_NAME, DRPC_RANK,
-// DRPC_WORLD_SIZE, DRPC_MASTER_ADDR, DRPC_MASTER_PORT, DRPC_LISTEN, DRPC_LOAD,
+// DRPC_WORLD_SIZE, DRPC_MASTER_ADDR, DRPC_MASTER_PORT, DRPC_LISTEN, DRPC_ADVERTISE, DRPC_LOAD,
 // DRPC_RPC_TIMEOUT_MS, DRPC_NUM_THREADS), as container orchestrators set them.
 // Exits 0 after a graceful shutdown (or SIGTERM: it leaves the job), 1 with a one-line
 // reason otherwise.
@@ -27,6 +27,7 @@ DEFINE_int32(world_size, -1, "number of workers in the job");
 DEFINE_string(master_addr, "127.0.0.1", "where rank 0 serves the rendezvous store");
 DEFINE_int32(master_port, 29500, "the store's port");
 DEFINE_string(listen, "127.0.0.1", "the address this worker listens on");
+DEFINE_string(advertise, "", "the address peers dial (required when --listen=0.0.0.0)");
 DEFINE_string(load, "", "TorchScript to host: NAME=FILE[,NAME=FILE...]");
 DEFINE_int32(rpc_timeout_ms, 60000, "default RPC deadline");
 DEFINE_int32(num_threads, 4, "handler threads");
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
     options.master_addr = setting("master_addr", "DRPC_MASTER_ADDR");
     options.master_port = std::stoi(setting("master_port", "DRPC_MASTER_PORT"));
     options.listen_host = setting("listen", "DRPC_LISTEN");
+    options.advertise_host = setting("advertise", "DRPC_ADVERTISE");
     options.rpc_timeout = std::chrono::milliseconds(std::stoi(setting("rpc_timeout_ms", "DRPC_RPC_TIMEOUT_MS")));
     options.num_worker_threads = std::stoi(setting("num_threads", "DRPC_NUM_THREADS"));
     std::stringstream loads(setting("load", "DRPC_LOAD"));
