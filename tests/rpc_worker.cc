@@ -9,7 +9,9 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cstdio>
 #include <iostream>
+#include <unistd.h>
 #include <thread>
 
 #include "drpc.h"
@@ -17,7 +19,10 @@
 DEFINE_int32(rank, 0, "rank");
 DEFINE_int32(world_size, 3, "world size");
 DEFINE_int32(store_port, 0, "the test's store on 127.0.0.1");
-DEFINE_string(scenario, "calls", "calls | peer_killed | rrefs | backward_killed");
+DEFINE_string(scenario, "calls", "calls | peer_killed | rrefs | backward_killed | netns");
+DEFINE_string(master_addr, "127.0.0.1", "netns: where rank 0 serves the store");
+DEFINE_string(listen, "127.0.0.1", "netns: this worker's address");
+DEFINE_string(sync_dir, "", "netns: a directory shared with the test for ready/cut/done files");
 
 using namespace drpc;
 using std::chrono::milliseconds;
@@ -190,6 +195,52 @@ void backward_killed() {
   shutdown(false);
 }
 
+bool file_exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+
+void touch(const std::string& path) { std::fclose(std::fopen(path.c_str(), "w")); }
+
+// Waits (bounded) for the test to create `path`.
+bool wait_for_file(const std::string& path, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!file_exists(path)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return true;
+}
+
+// Each worker in its own network namespace: calls work across them; once the test cuts
+// worker2's link, a call to it fails with a clear error within its timeout while
+// worker1 keeps answering.
+void netns() {
+  const std::string dir = FLAGS_sync_dir;
+  if (FLAGS_rank != 0) {
+    check(wait_for_file(dir + "/done", milliseconds(120000)), "worker0 finished");
+    shutdown(false);
+    return;
+  }
+  for (int r = 1; r < 3; ++r) {
+    check(at::equal(rpc_sync(name(r), "test.rank_plus", {at::ones({2})}).toTensor(), at::full({2}, 1.0 + r)),
+          "a call across namespaces to " + name(r));
+  }
+  touch(dir + "/ready");
+  check(wait_for_file(dir + "/cut", milliseconds(60000)), "the test cut worker2's link");
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    rpc_sync(name(2), "test.rank_plus", {at::ones({2})}, {}, milliseconds(3000));
+    check(false, "a call over a cut link fails");
+  } catch (const Error& e) {
+    check(e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kPeerUnavailable, std::string("kind: ") + e.what());
+    check(std::string(e.what()).find("worker2") != std::string::npos, std::string("names worker2: ") + e.what());
+    std::cerr << "worker0 got: " << e.what() << "\n";
+  }
+  check(std::chrono::steady_clock::now() - start < milliseconds(6000), "within the timeout");
+  check(at::equal(rpc_sync(name(1), "test.rank_plus", {at::ones({2})}).toTensor(), at::full({2}, 2.0)),
+        "worker1 still answers");
+  touch(dir + "/done");
+  shutdown(false);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -199,10 +250,17 @@ int main(int argc, char** argv) {
     Options options;
     options.master_port = FLAGS_store_port;
     options.host_store = false;
+    if (FLAGS_scenario == "netns") {  // rank 0 serves the store at its own address
+      options.master_addr = FLAGS_master_addr;
+      options.listen_host = FLAGS_listen;
+      options.host_store = true;
+    }
     options.init_timeout = milliseconds(30000);
     init_rpc(name(FLAGS_rank), FLAGS_rank, FLAGS_world_size, options);
     if (FLAGS_scenario == "peer_killed") {
       peer_killed();
+    } else if (FLAGS_scenario == "netns") {
+      netns();
     } else if (FLAGS_scenario == "backward_killed") {
       backward_killed();
     } else if (FLAGS_scenario == "rrefs") {

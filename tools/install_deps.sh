@@ -16,6 +16,7 @@ packages=(
   libgtest-dev libgmock-dev
   libbenchmark-dev
   zlib1g-dev
+  iproute2                    # the network-namespace test
   dataset-fashion-mnist       # the main job's data (and its test's)
 )
 for arg in "$@"; do
