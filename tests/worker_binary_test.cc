@@ -57,6 +57,30 @@ TEST(WorkerBinary, ServesBuiltinsAndLoadedTorchScriptThenExitsCleanly) {
   }
 }
 
+TEST(WorkerBinary, SigtermLeavesTheJobAndExitsZero) {
+  auto store = start_store_server("127.0.0.1", 0);
+  auto worker = Subprocess::start({runfile("tools/worker/drpc_worker"), "--rank=1", "--world_size=2",
+                                   "--master_port=" + std::to_string(store->port())},
+                                  {"GLOG_minloglevel=1"});
+  Options options;
+  options.master_port = store->port();
+  options.host_store = false;
+  options.init_timeout = std::chrono::seconds(20);
+  auto me = Runtime::create("worker0", 0, 2, options);
+  EXPECT_TRUE(at::equal(me->rpc_sync("worker1", "aten::neg", {at::ones({1})}).toTensor(), -at::ones({1})));
+  worker->kill(SIGTERM);
+  auto code = worker->wait(std::chrono::seconds(30));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 0);
+  try {
+    me->rpc_sync("worker1", "aten::neg", {at::ones({1})}, {}, std::chrono::milliseconds(5000));
+    ADD_FAILURE() << "a call to a worker that left succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kPeerUnavailable) << e.what();
+  }
+  me->shutdown(false);
+}
+
 TEST(WorkerBinary, MissingSettingsAreAOneLineError) {
   int fd = -1;
   auto worker = Subprocess::start_with_output({runfile("tools/worker/drpc_worker")}, {}, &fd);
