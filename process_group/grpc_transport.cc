@@ -611,7 +611,9 @@ void ClientPeer::start() {
 
 void ClientPeer::OnReadDone(bool ok) {
   if (!ok) {
-    transport_.lost(peer_, transport_.lost_error(peer_));
+    // Refused before the handshake completed: OnDone records the peer's status. (Treating
+    // it as a lost peer would cancel the call and replace that status with CANCELLED.)
+    if (acknowledged_) transport_.lost(peer_, transport_.lost_error(peer_));
     RemoveHold();
     return;
   }
