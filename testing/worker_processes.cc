@@ -8,12 +8,15 @@
 namespace drpc {
 namespace testing {
 
-std::vector<int> run_worker_processes(const std::string& runfiles_path, int world_size,
-                                      const std::string& scenario, std::chrono::milliseconds deadline) {
+std::string runfile(const std::string& workspace_path) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
-  const std::string binary =
-      std::string(srcdir ? srcdir : ".") + "/" + (workspace ? workspace : "drpc") + "/" + runfiles_path;
+  return std::string(srcdir ? srcdir : ".") + "/" + (workspace ? workspace : "drpc") + "/" + workspace_path;
+}
+
+std::vector<int> run_worker_processes(const std::string& runfiles_path, int world_size,
+                                      const std::string& scenario, std::chrono::milliseconds deadline) {
+  const std::string binary = runfile(runfiles_path);
   auto store = start_store_server("127.0.0.1", 0);
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int r = 0; r < world_size; ++r) {

@@ -7,6 +7,10 @@
 namespace drpc {
 namespace testing {
 
+// The absolute path of a file in this test's runfiles, given relative to the workspace
+// (e.g. "tools/worker/drpc_worker").
+std::string runfile(const std::string& workspace_path);
+
 // Starts `world_size` processes of the test binary at `runfiles_path` (relative to the
 // workspace, e.g. "tests/rpc_worker") with --rank, --world_size, --store_port (a store this
 // call hosts on loopback) and --scenario, waits for all, and returns their exit codes (128

@@ -14,15 +14,12 @@
 #include "common/subprocess.h"
 #include "drpc.h"
 #include "process_group/grpc_store.h"
+#include "testing/worker_processes.h"
 
 namespace drpc {
 namespace {
 
-std::string runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return std::string(srcdir ? srcdir : ".") + "/" + (workspace ? workspace : "drpc") + "/" + path;
-}
+using testing::runfile;
 
 TEST(WorkerBinary, ServesBuiltinsAndLoadedTorchScriptThenExitsCleanly) {
   const char* tmp = std::getenv("TEST_TMPDIR");
