@@ -9,6 +9,7 @@
 #include "process_group/grpc_process_group.h"
 #include "process_group/grpc_store.h"
 #include "process_group/prefix_store.h"
+#include "process_group/security.h"
 #include "rpc/process_group_agent.h"
 #include "rpc/value_codec.h"
 #include "dist_autograd/dist_autograd.h"
@@ -98,12 +99,19 @@ class RuntimeImpl final : public Runtime {
       throw Error(ErrorKind::kBadArgument, "rank " + std::to_string(rank) + " is out of range for world size " +
                                                std::to_string(world_size));
     }
+    SecurityOptions security;
+    security.token = options.token;
+    security.tls_cert_file = options.tls_cert_file;
+    security.tls_key_file = options.tls_key_file;
+    security.tls_ca_file = options.tls_ca_file;
+    security.tls_server_name = options.tls_server_name;
+    security.tls();  // all TLS files or none
     Store* store = options.store;
     if (!store) {
       if (rank == 0 && options.host_store) {
-        store_server_ = start_store_server(options.master_addr, options.master_port);
+        store_server_ = start_store_server(options.master_addr, options.master_port, security);
       }
-      owned_store_ = connect_store(options.master_addr, options.master_port, options.init_timeout);
+      owned_store_ = connect_store(options.master_addr, options.master_port, options.init_timeout, security);
       store = owned_store_.get();
     }
     auto rpc_store = create_prefix_store("rpc", *store);
@@ -129,7 +137,9 @@ class RuntimeImpl final : public Runtime {
                                                " needs an address peers can dial (Options::advertise_host)");
     }
     pg.timeout = options.init_timeout;
-    pg.token = options.token;
+    pg.security = security;
+    pg.heartbeat_interval = options.heartbeat_interval;
+    pg.heartbeat_misses = options.heartbeat_misses;
     group_ = create_grpc_process_group(*pg_store, rank, world_size, pg);
     for (const auto& [script, path] : options.scripts) functions_.load_script(script, path);
     BackendFactory factory;
@@ -313,6 +323,8 @@ Runtime& current_runtime() {
   if (!default_runtime()) throw Error(ErrorKind::kShutdown, "drpc is not initialized: call drpc::init_rpc first");
   return *default_runtime();
 }
+
+std::string read_token(const std::string& file) { return read_job_token(file, "DRPC_TOKEN"); }
 
 void init_rpc(const std::string& name, int rank, int world_size, const Options& options) {
   {

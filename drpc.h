@@ -38,7 +38,17 @@ struct Options {
   std::chrono::milliseconds rpc_timeout{60000};
   std::chrono::milliseconds init_timeout{60000};
   int num_worker_threads = 4;
-  std::string token;                      // a shared secret every connection must present
+  // A shared secret every connection (to the store and between workers) must present;
+  // empty: none. Get it with read_token() (a file or DRPC_TOKEN), never from a flag.
+  std::string token;
+  // TLS through gRPC: this worker's certificate chain and key, and the job's CA (PEM
+  // files; all three or none). Every connection verifies both ends. `tls_server_name`:
+  // the name peers' certificates carry, when it is not the address dialled.
+  std::string tls_cert_file, tls_key_file, tls_ca_file, tls_server_name;
+  // Liveness: each worker sends every peer a heartbeat this often; a peer silent for
+  // heartbeat_misses intervals is declared failed and calls to it fail at once (0: off).
+  std::chrono::milliseconds heartbeat_interval{1000};
+  int heartbeat_misses = 10;
   std::string backend = "process_group";
   std::vector<std::pair<std::string, std::string>> scripts;  // TorchScript to host: name, path
   // Autograd contexts created by another worker and unused this long are reclaimed.
@@ -91,6 +101,9 @@ class Runtime {
 
 // --- the default runtime of this process, as in torch.distributed.rpc ------------------
 void init_rpc(const std::string& name, int rank, int world_size, const Options& options = {});
+// The job token from `file` if given, else from the environment variable DRPC_TOKEN, else
+// empty. Throws kBadArgument for an unreadable or empty file.
+std::string read_token(const std::string& file = "");
 inline void init_model_parallel(const std::string& name, int rank, int world_size, const Options& options = {}) {
   init_rpc(name, rank, world_size, options);
 }

@@ -12,7 +12,9 @@ std::unique_ptr<ProcessGroup> create_grpc_process_group(Store& store, int rank, 
   transport.listen_port = options.listen_port;
   transport.advertise_host = options.advertise_host;
   transport.connect_timeout = options.timeout;
-  transport.token = options.token;
+  transport.security = options.security;
+  transport.heartbeat_interval = options.heartbeat_interval;
+  transport.heartbeat_misses = options.heartbeat_misses;
   transport.group_name = options.group_name;
   CollectiveOptions collective;
   collective.timeout = options.timeout;

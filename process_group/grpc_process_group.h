@@ -6,6 +6,7 @@
 #include <string>
 
 #include "process_group/process_group.h"
+#include "process_group/security.h"
 #include "process_group/store.h"
 
 namespace drpc {
@@ -16,7 +17,10 @@ struct GrpcProcessGroupOptions {
   std::string advertise_host;             // what peers dial; empty: listen_host
   // Start-up (all peers connected) and each collective's deadline.
   std::chrono::milliseconds timeout{60000};
-  std::string token;                      // a shared secret every peer must present
+  SecurityOptions security;               // token and TLS every peer must match
+  // Liveness: see GrpcTransportOptions. A silent peer fails after interval * misses.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  int heartbeat_misses = 10;
   std::string group_name = "default";
   int64_t ring_threshold_bytes = 256 * 1024;
   int64_t chunk_bytes = 4 << 20;

@@ -1,8 +1,10 @@
 #include "process_group/grpc_store.h"
 
+#include <glog/logging.h>
 #include <grpcpp/grpcpp.h>
 
 #include "common/error.h"
+#include "process_group/grpc_security.h"
 #include "process_group/in_memory_store.h"
 #include "process_group/proto/store.grpc.pb.h"
 
@@ -14,7 +16,7 @@ using std::chrono::milliseconds;
 
 // Maps what the in-memory store throws to a gRPC status the client maps back.
 template <typename Fn>
-grpc::Status serve(Fn&& fn) {
+grpc::Status run_mapping_errors(Fn&& fn) {
   try {
     fn();
     return grpc::Status::OK;
@@ -34,47 +36,64 @@ grpc::Status serve(Fn&& fn) {
 
 class StoreService final : public pb::Store::Service {
  public:
-  explicit StoreService(InMemoryStore& state) : state_(state) {}
+  StoreService(InMemoryStore& state, std::string token) : state_(state), token_(std::move(token)) {}
 
-  grpc::Status Set(grpc::ServerContext*, const pb::SetRequest* req, pb::Empty*) override {
-    return serve([&] { state_.set(req->key(), req->value()); });
+  grpc::Status Set(grpc::ServerContext* ctx, const pb::SetRequest* req, pb::Empty*) override {
+    return serve(ctx, [&] { state_.set(req->key(), req->value()); });
   }
-  grpc::Status Get(grpc::ServerContext*, const pb::KeyRequest* req, pb::ValueReply* rep) override {
-    return serve([&] { rep->set_value(state_.get(req->key(), milliseconds(req->timeout_ms()))); });
+  grpc::Status Get(grpc::ServerContext* ctx, const pb::KeyRequest* req, pb::ValueReply* rep) override {
+    return serve(ctx, [&] { rep->set_value(state_.get(req->key(), milliseconds(req->timeout_ms()))); });
   }
-  grpc::Status Add(grpc::ServerContext*, const pb::AddRequest* req, pb::AddReply* rep) override {
-    return serve([&] { rep->set_value(state_.add(req->key(), req->delta())); });
+  grpc::Status Add(grpc::ServerContext* ctx, const pb::AddRequest* req, pb::AddReply* rep) override {
+    return serve(ctx, [&] { rep->set_value(state_.add(req->key(), req->delta())); });
   }
-  grpc::Status CompareSet(grpc::ServerContext*, const pb::CompareSetRequest* req,
+  grpc::Status CompareSet(grpc::ServerContext* ctx, const pb::CompareSetRequest* req,
                           pb::ValueReply* rep) override {
-    return serve([&] {
+    return serve(ctx, [&] {
       rep->set_value(state_.compare_set(req->key(), req->expected(), req->desired()));
     });
   }
-  grpc::Status DeleteKey(grpc::ServerContext*, const pb::KeyRequest* req,
+  grpc::Status DeleteKey(grpc::ServerContext* ctx, const pb::KeyRequest* req,
                          pb::DeleteReply* rep) override {
-    return serve([&] { rep->set_existed(state_.delete_key(req->key())); });
+    return serve(ctx, [&] { rep->set_existed(state_.delete_key(req->key())); });
   }
-  grpc::Status Wait(grpc::ServerContext*, const pb::WaitRequest* req, pb::Empty*) override {
-    return serve([&] {
+  grpc::Status Wait(grpc::ServerContext* ctx, const pb::WaitRequest* req, pb::Empty*) override {
+    return serve(ctx, [&] {
       state_.wait({req->keys().begin(), req->keys().end()}, milliseconds(req->timeout_ms()));
     });
   }
-  grpc::Status NumKeys(grpc::ServerContext*, const pb::Empty*, pb::NumKeysReply* rep) override {
-    return serve([&] { rep->set_count(state_.num_keys()); });
+  grpc::Status NumKeys(grpc::ServerContext* ctx, const pb::Empty*, pb::NumKeysReply* rep) override {
+    return serve(ctx, [&] { rep->set_count(state_.num_keys()); });
   }
 
  private:
+  // Runs `fn` for an authenticated caller; maps what the in-memory store throws to a gRPC
+  // status the client maps back.
+  template <typename Fn>
+  grpc::Status serve(grpc::ServerContext* ctx, Fn&& fn) {
+    if (!token_.empty()) {
+      const auto presented = ctx->client_metadata().find(kTokenMetadataKey);
+      const std::string token = presented == ctx->client_metadata().end()
+                                    ? std::string()
+                                    : std::string(presented->second.data(), presented->second.size());
+      if (!token_matches(token, token_)) {
+        LOG(WARNING) << "store: refused a call from " << ctx->peer() << ": wrong or missing job token";
+        return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong or missing job token");
+      }
+    }
+    return run_mapping_errors(std::forward<Fn>(fn));
+  }
+
   InMemoryStore& state_;
+  const std::string token_;
 };
 
 class GrpcStoreServer final : public StoreServer {
  public:
-  GrpcStoreServer(const std::string& host, int port)
-      : state_(create_in_memory_store()), service_(*state_) {
+  GrpcStoreServer(const std::string& host, int port, const SecurityOptions& security)
+      : state_(create_in_memory_store()), service_(*state_, security.token) {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(host + ":" + std::to_string(port), grpc::InsecureServerCredentials(),
-                             &port_);
+    builder.AddListeningPort(host + ":" + std::to_string(port), server_credentials(security), &port_);
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     if (!server_ || port_ == 0) {
@@ -105,19 +124,23 @@ class GrpcStoreServer final : public StoreServer {
 
 class GrpcStoreClient final : public Store {
  public:
-  GrpcStoreClient(const std::string& host, int port, milliseconds connect_timeout)
-      : address_(host + ":" + std::to_string(port)) {
+  GrpcStoreClient(const std::string& host, int port, milliseconds connect_timeout,
+                  const SecurityOptions& security)
+      : address_(host + ":" + std::to_string(port)), token_(security.token) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     // Reconnect quickly while the master is still starting up.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
-    channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+    auto credentials = channel_credentials(security, &args);
+    channel_ = grpc::CreateCustomChannel(address_, credentials, args);
     if (!channel_->WaitForConnected(std::chrono::system_clock::now() + connect_timeout)) {
       throw Error(ErrorKind::kPeerUnavailable,
                   "cannot reach the store at " + address_ + " within " +
-                      std::to_string(connect_timeout.count()) + " ms");
+                      std::to_string(connect_timeout.count()) + " ms" +
+                      (security.tls() ? " (TLS: is the store's certificate signed by our CA, and ours by its?)"
+                                      : ""));
     }
     stub_ = pb::Store::NewStub(channel_);
   }
@@ -204,6 +227,7 @@ class GrpcStoreClient final : public Store {
   void call(const std::string& what, milliseconds deadline, Rpc&& rpc) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+    if (!token_.empty()) ctx.AddMetadata(kTokenMetadataKey, token_);
     const grpc::Status status = rpc(&ctx);
     if (status.ok()) return;
     const std::string where = "store " + what + " at " + address_ + ": ";
@@ -214,6 +238,8 @@ class GrpcStoreClient final : public Store {
         throw Error(ErrorKind::kBadArgument, where + status.error_message());
       case grpc::StatusCode::CANCELLED:
         throw Error(ErrorKind::kShutdown, where + status.error_message());
+      case grpc::StatusCode::UNAUTHENTICATED:
+        throw Error(ErrorKind::kUnauthenticated, where + "refused: " + status.error_message());
       case grpc::StatusCode::UNAVAILABLE:
         throw Error(ErrorKind::kPeerUnavailable, where + "unreachable (" +
                                                      status.error_message() + ")");
@@ -223,19 +249,21 @@ class GrpcStoreClient final : public Store {
   }
 
   const std::string address_;
+  const std::string token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Store::Stub> stub_;
 };
 
 }  // namespace
 
-std::unique_ptr<StoreServer> start_store_server(const std::string& host, int port) {
-  return std::make_unique<GrpcStoreServer>(host, port);
+std::unique_ptr<StoreServer> start_store_server(const std::string& host, int port,
+                                                const SecurityOptions& security) {
+  return std::make_unique<GrpcStoreServer>(host, port, security);
 }
 
-std::unique_ptr<Store> connect_store(const std::string& host, int port,
-                                     milliseconds connect_timeout) {
-  return std::make_unique<GrpcStoreClient>(host, port, connect_timeout);
+std::unique_ptr<Store> connect_store(const std::string& host, int port, milliseconds connect_timeout,
+                                     const SecurityOptions& security) {
+  return std::make_unique<GrpcStoreClient>(host, port, connect_timeout, security);
 }
 
 }  // namespace drpc

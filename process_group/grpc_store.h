@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "process_group/security.h"
 #include "process_group/store.h"
 
 namespace drpc {
@@ -23,12 +24,16 @@ class StoreServer {
 };
 
 // Listens on host:port (port 0 picks a free one). Throws kBadArgument if it cannot bind.
-std::unique_ptr<StoreServer> start_store_server(const std::string& host, int port);
+// With a token in `security`, every call must carry it: others are refused with
+// UNAUTHENTICATED (the client sees kUnauthenticated) and logged, and change nothing.
+std::unique_ptr<StoreServer> start_store_server(const std::string& host, int port,
+                                                const SecurityOptions& security = {});
 
 // A client of the store at host:port. Waits up to `connect_timeout` for the server to
 // answer, then throws kPeerUnavailable naming the address. Later calls that cannot reach
-// the server throw kPeerUnavailable.
+// the server throw kPeerUnavailable; calls the server refuses throw kUnauthenticated.
 std::unique_ptr<Store> connect_store(const std::string& host, int port,
-                                     std::chrono::milliseconds connect_timeout);
+                                     std::chrono::milliseconds connect_timeout,
+                                     const SecurityOptions& security = {});
 
 }  // namespace drpc

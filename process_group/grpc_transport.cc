@@ -14,6 +14,8 @@
 #include <optional>
 #include <thread>
 
+#include "process_group/grpc_security.h"
+
 namespace drpc {
 namespace {
 
@@ -26,7 +28,6 @@ constexpr char kExchangeMethod[] = "/drpc.pg.Peer/Exchange";
 // Tensors this small are copied next to the header: one slice is cheaper than a
 // zero-copy slice with its own release callback.
 constexpr size_t kInlineBytes = 16 * 1024;
-constexpr uint32_t kMaxHeaderBytes = 16 << 20;
 // How long a leaving rank waits for its peers to acknowledge its goodbye.
 constexpr std::chrono::milliseconds kGoodbyeTimeout{2000};
 
@@ -67,56 +68,9 @@ void encode_frame(const pg::FrameHeader& header, const std::vector<at::Tensor>& 
 std::vector<Frame> decode_frames(Buffer& buffer, int source) {
   auto slices = std::make_shared<std::vector<grpc::Slice>>();
   if (!buffer.Dump(slices.get()).ok()) throw Error(ErrorKind::kProtocol, "unreadable message");
-  Frame all;  // the whole message as one span list, to read across slice boundaries
-  for (const auto& s : *slices) {
-    if (s.size() > 0) all.body.push_back(ByteSpan{s.begin(), s.size()});
-  }
-  const size_t total = all.body_size();
-  std::vector<Frame> frames;
-  size_t offset = 0;
-  while (offset < total) {
-    if (total - offset < 4) throw Error(ErrorKind::kProtocol, "frame shorter than its length prefix");
-    uint32_t header_size = 0;
-    all.copy_body(offset, &header_size, 4);
-    offset += 4;
-    if (header_size > kMaxHeaderBytes || header_size > total - offset) {
-      throw Error(ErrorKind::kProtocol, "frame header length " + std::to_string(header_size) +
-                                            " exceeds the message (" + std::to_string(total) + " bytes)");
-    }
-    Frame frame;
-    frame.source = source;
-    frame.keepalive = slices;
-    std::string header_bytes(header_size, '\0');
-    all.copy_body(offset, header_bytes.data(), header_size);
-    offset += header_size;
-    if (!frame.header.ParseFromString(header_bytes)) {
-      throw Error(ErrorKind::kProtocol, "frame header is not a valid FrameHeader");
-    }
-    uint64_t body_size = 0;
-    for (const auto& meta : frame.header.tensors()) {
-      if (meta.nbytes() > total - offset - body_size) {
-        throw Error(ErrorKind::kProtocol, "frame claims more tensor bytes than the message holds");
-      }
-      body_size += meta.nbytes();
-    }
-    validate_frame(frame.header, body_size);  // metas consistent with their byte counts
-    // The body: the spans of `all` covering [offset, offset + body_size).
-    size_t skip = offset, want = body_size;
-    for (const auto& span : all.body) {
-      if (want == 0) break;
-      if (skip >= span.size) {
-        skip -= span.size;
-        continue;
-      }
-      const size_t n = std::min(want, span.size - skip);
-      frame.body.push_back(ByteSpan{span.data + skip, n});
-      want -= n;
-      skip = 0;
-    }
-    offset += body_size;
-    frames.push_back(std::move(frame));
-  }
-  return frames;
+  std::vector<ByteSpan> pieces;
+  for (const auto& s : *slices) pieces.push_back(ByteSpan{s.begin(), s.size()});
+  return decode_wire_frames(pieces, slices, source);
 }
 
 grpc::ChannelArguments channel_arguments() {
@@ -298,6 +252,9 @@ class GrpcTransport final : public Transport {
       shutdown();
       throw;
     }
+    if (options_.heartbeat_interval.count() > 0 && size_ > 1) {
+      heartbeat_thread_ = std::thread([this] { heartbeat_loop(); });
+    }
   }
 
   ~GrpcTransport() override { shutdown(); }
@@ -342,6 +299,12 @@ class GrpcTransport final : public Transport {
       });
     }
     stopping_ = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      heartbeat_stop_ = true;
+    }
+    changed_.notify_all();
+    if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
     for (auto& peer : peers_) {
       peer->outbox.close(Error(ErrorKind::kShutdown, "rank " + std::to_string(rank_) + " is shutting down"));
       if (peer->client) peer->client->cancel();
@@ -371,7 +334,7 @@ class GrpcTransport final : public Transport {
   // Empty if `hello` may join this rank's group, else why not.
   std::string check_hello(const pg::FrameHeader& hello) {
     if (hello.kind() != pg::FrameHeader::HELLO) return "first frame is not a hello";
-    if (hello.token() != options_.token) return "wrong or missing job token";
+    if (!token_matches(hello.token(), options_.security.token)) return "wrong or missing job token";
     if (hello.group() != options_.group_name) {
       return "peer belongs to group '" + hello.group() + "', not '" + options_.group_name + "'";
     }
@@ -396,7 +359,7 @@ class GrpcTransport final : public Transport {
     hello.set_kind(pg::FrameHeader::HELLO);
     hello.set_rank(rank_);
     hello.set_world_size(size_);
-    hello.set_token(options_.token);
+    hello.set_token(options_.security.token);
     hello.set_group(options_.group_name);
     std::vector<grpc::Slice> slices;
     encode_frame(hello, {}, &slices);
@@ -404,6 +367,7 @@ class GrpcTransport final : public Transport {
   }
 
   void mark_connected(int peer, std::string address) {
+    heard_from(peer);
     {
       std::lock_guard<std::mutex> lock(mu_);
       peers_[peer]->connected = true;
@@ -423,6 +387,8 @@ class GrpcTransport final : public Transport {
   // Decodes and delivers one message from `peer`; returns false (after reporting the
   // peer lost) if it was malformed.
   bool deliver(int peer, Buffer& buffer) {
+    if (peers_[peer]->lost.load()) return false;  // declared failed: nothing more is believed
+    heard_from(peer);
     std::vector<Frame> frames;
     try {
       frames = decode_frames(buffer, peer);
@@ -457,6 +423,7 @@ class GrpcTransport final : public Transport {
           break;
         }
         case pg::FrameHeader::HELLO:
+        case pg::FrameHeader::HEARTBEAT:
           break;
         default:
           if (!stopping_) sink_.on_frame(std::move(frame));
@@ -492,6 +459,7 @@ class GrpcTransport final : public Transport {
 
   bool stopping() const { return stopping_; }
   int my_rank() const { return rank_; }
+  const SecurityOptions& security() const { return options_.security; }
 
  private:
   struct Peer {
@@ -503,9 +471,60 @@ class GrpcTransport final : public Transport {
     bool server_attached = false;
     bool said_goodbye = false;
     bool acked_goodbye = false;
-    bool lost = false;
+    std::atomic<bool> lost{false};  // written under mu_
     std::string refusal;  // why the peer refused our hello
+    std::atomic<int64_t> last_heard_ns{0};  // steady clock; when anything last arrived
   };
+
+  void heard_from(int peer) {
+    peers_[peer]->last_heard_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  }
+
+  // Sends each live peer a heartbeat every interval and declares failed those silent for
+  // heartbeat_misses intervals: a stopped or hung process keeps its TCP connection open,
+  // so only silence tells.
+  void heartbeat_loop() {
+    const auto interval = options_.heartbeat_interval;
+    const auto window = interval * options_.heartbeat_misses;
+    pg::FrameHeader beat;
+    beat.set_kind(pg::FrameHeader::HEARTBEAT);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!changed_.wait_for(lock, interval, [&] { return heartbeat_stop_; })) {
+      std::vector<int> live;
+      for (int r = 0; r < size_; ++r) {
+        const Peer& p = *peers_[r];
+        if (r != rank_ && p.connected && !p.lost && !p.said_goodbye) live.push_back(r);
+      }
+      lock.unlock();
+      const int64_t now = Clock::now().time_since_epoch().count();
+      for (int r : live) {
+        const auto silent = std::chrono::duration_cast<milliseconds>(
+            std::chrono::nanoseconds(now - peers_[r]->last_heard_ns.load(std::memory_order_relaxed)));
+        if (silent > window) {
+          const std::string reason = "rank " + std::to_string(r) + " (" + peer_address(r) + ") sent nothing for " +
+                                     std::to_string(silent.count()) + " ms (" +
+                                     std::to_string(options_.heartbeat_misses) + " heartbeats of " +
+                                     std::to_string(interval.count()) + " ms missed): declared failed";
+          LOG(ERROR) << "rank " << rank_ << ": " << reason;
+          lost(r, Error(ErrorKind::kPeerUnavailable, reason));
+          continue;
+        }
+        std::vector<grpc::Slice> slices;
+        encode_frame(beat, {}, &slices);
+        try {
+          peers_[r]->outbox.send(std::move(slices), nullptr);
+        } catch (const Error&) {
+          // The stream is closing; its own failure report covers it.
+        }
+      }
+      lock.lock();
+    }
+  }
+
+  std::string peer_address(int r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peers_[r]->address;
+  }
 
   bool is_connected(int r) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -519,7 +538,7 @@ class GrpcTransport final : public Transport {
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 * 1024 * 1024 - 1);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 * 1024 * 1024);
     const std::string listen = options_.listen_host + ":" + std::to_string(options_.listen_port);
-    builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(listen, server_credentials(options_.security), &port_);
     builder.RegisterCallbackGenericService(&service_);
     server_ = builder.BuildAndStart();
     if (!server_ || port_ == 0) {
@@ -580,11 +599,13 @@ class GrpcTransport final : public Transport {
   int port_ = 0;
   std::vector<std::unique_ptr<Peer>> peers_;
   std::atomic<bool> stopping_{false};
+  std::thread heartbeat_thread_;
 
   std::mutex mu_;
   std::condition_variable changed_;
   // Guarded by mu_.
   bool shut_down_ = false;
+  bool heartbeat_stop_ = false;
   int live_reactors_ = 0;
 };
 
@@ -592,7 +613,9 @@ class GrpcTransport final : public Transport {
 
 ClientPeer::ClientPeer(GrpcTransport& transport, int peer, const std::string& address)
     : transport_(transport), peer_(peer) {
-  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_arguments());
+  grpc::ChannelArguments args = channel_arguments();
+  auto credentials = channel_credentials(transport.security(), &args);
+  channel_ = grpc::CreateCustomChannel(address, credentials, args);
   context_.set_wait_for_ready(true);
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "process_group/security.h"
 #include "process_group/store.h"
 #include "process_group/transport.h"
 
@@ -17,8 +18,14 @@ struct GrpcTransportOptions {
   int listen_port = 0;             // 0: any free port
   std::string advertise_host;      // what peers dial; empty: listen_host
   std::chrono::milliseconds connect_timeout{60000};
-  std::string token;               // peers must present the same one
+  SecurityOptions security;        // token and TLS every peer must match
   std::string group_name;          // peers must belong to the same group
+  // Each connected peer is sent a heartbeat every `heartbeat_interval`; a peer from which
+  // nothing arrived for heartbeat_misses intervals is declared failed (on_peer_failed
+  // with kPeerUnavailable naming it). A zero interval turns heartbeats off. A single
+  // message must arrive within that window too: collectives send large tensors in chunks.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  int heartbeat_misses = 10;
 };
 
 // Listens, publishes this rank's address in `store`, connects to every peer and returns

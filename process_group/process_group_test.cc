@@ -230,9 +230,9 @@ TEST(ProcessGroupErrors, EverythingFailsAfterShutdown) {
 TEST(ProcessGroupErrors, WrongTokenIsRefused) {
   auto store = create_in_memory_store();
   GrpcProcessGroupOptions good, bad;
-  good.token = "secret";
+  good.security.token = "secret";
   good.timeout = bad.timeout = milliseconds(3000);
-  bad.token = "guess";
+  bad.security.token = "guess";
   std::unique_ptr<ProcessGroup> rank1;
   std::thread t([&] {
     try {

@@ -17,6 +17,7 @@ packages=(
   libbenchmark-dev
   zlib1g-dev
   iproute2                    # the network-namespace test
+  openssl                     # TLS tests make their certificates
   dataset-fashion-mnist       # the main job's data (and its test's)
 )
 for arg in "$@"; do

@@ -1,0 +1,182 @@
+// Tokens and TLS on the store and between ranks, with real gRPC on real ports.
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "process_group/grpc_process_group.h"
+#include "process_group/grpc_store.h"
+#include "process_group/in_memory_store.h"
+#include "process_group/security.h"
+#include "process_group/testing/thread_group.h"
+#include "testing/errors.h"
+#include "testing/tls_certs.h"
+
+namespace drpc {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::contains;
+using testing::expect_error;
+
+const testing::TlsCerts& certs() {
+  static const testing::TlsCerts certs = testing::make_tls_certs(testing::make_temp_dir("certs"));
+  return certs;
+}
+
+SecurityOptions job_tls() {
+  SecurityOptions s;
+  s.tls_cert_file = certs().cert;
+  s.tls_key_file = certs().key;
+  s.tls_ca_file = certs().ca;
+  return s;
+}
+
+SecurityOptions impostor_tls() {
+  SecurityOptions s;
+  s.tls_cert_file = certs().impostor_cert;
+  s.tls_key_file = certs().impostor_key;
+  s.tls_ca_file = certs().ca;  // trusts the job's CA, but its own certificate is not the job's
+  return s;
+}
+
+TEST(Token, ComesFromAFileOrTheEnvironmentNeverEmptyFile) {
+  const std::string dir = testing::make_temp_dir("token");
+  std::ofstream(dir + "/token") << "s3cret\n";
+  EXPECT_EQ(read_job_token(dir + "/token", "DRPC_TEST_TOKEN"), "s3cret");
+  setenv("DRPC_TEST_TOKEN", "from-env", 1);
+  EXPECT_EQ(read_job_token("", "DRPC_TEST_TOKEN"), "from-env");
+  unsetenv("DRPC_TEST_TOKEN");
+  EXPECT_EQ(read_job_token("", "DRPC_TEST_TOKEN"), "");
+  std::ofstream(dir + "/empty") << "\n";
+  Error e = expect_error([&] { read_job_token(dir + "/empty", "DRPC_TEST_TOKEN"); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(contains(e.what(), "is empty")) << e.what();
+  e = expect_error([&] { read_job_token(dir + "/missing", "DRPC_TEST_TOKEN"); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(contains(e.what(), dir + "/missing")) << e.what();
+}
+
+TEST(Token, MatchesOnlyTheSameBytes) {
+  EXPECT_TRUE(token_matches("abc", "abc"));
+  EXPECT_FALSE(token_matches("abd", "abc"));
+  EXPECT_FALSE(token_matches("ab", "abc"));
+  EXPECT_FALSE(token_matches("abcd", "abc"));
+  EXPECT_FALSE(token_matches("", "abc"));
+}
+
+TEST(Tls, NeedsAllThreeFiles) {
+  SecurityOptions s;
+  s.tls_cert_file = "/x.pem";
+  Error e = expect_error([&] { s.tls(); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(contains(e.what(), "certificate, a key and a CA")) << e.what();
+  s.tls_key_file = "/x.key";
+  s.tls_ca_file = "/nonexistent-ca.pem";
+  e = expect_error([&] { start_store_server("127.0.0.1", 0, s); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(contains(e.what(), "/nonexistent-ca.pem")) << e.what();
+}
+
+TEST(StoreSecurity, CallsWithoutTheTokenAreRefusedAndChangeNothing) {
+  SecurityOptions server_side;
+  server_side.token = "job-secret";
+  auto server = start_store_server("127.0.0.1", 0, server_side);
+  auto intruder = connect_store("127.0.0.1", server->port(), milliseconds(5000));
+  Error e = expect_error([&] { intruder->set("model", "evil"); });
+  EXPECT_EQ(e.kind(), ErrorKind::kUnauthenticated) << e.what();
+  EXPECT_TRUE(contains(e.what(), "token")) << e.what();
+  SecurityOptions wrong;
+  wrong.token = "job-secreT";
+  auto guesser = connect_store("127.0.0.1", server->port(), milliseconds(5000), wrong);
+  EXPECT_EQ(expect_error([&] { guesser->add("counter", 1); }).kind(), ErrorKind::kUnauthenticated);
+  EXPECT_EQ(expect_error([&] { guesser->get("model", milliseconds(10)); }).kind(), ErrorKind::kUnauthenticated);
+
+  auto member = connect_store("127.0.0.1", server->port(), milliseconds(5000), server_side);
+  EXPECT_EQ(member->num_keys(), 0);  // nothing the intruders sent was applied
+  member->set("model", "good");
+  EXPECT_EQ(member->get("model", milliseconds(1000)), "good");
+  EXPECT_EQ(member->add("counter", 2), 2);
+}
+
+TEST(StoreSecurity, TlsStoreServesTheJobAndRefusesOthers) {
+  auto server = start_store_server("127.0.0.1", 0, job_tls());
+  auto member = connect_store("127.0.0.1", server->port(), milliseconds(10000), job_tls());
+  member->set("k", "v");
+  EXPECT_EQ(member->get("k", milliseconds(1000)), "v");
+
+  // Plaintext and foreign certificates never get a connection.
+  Error e = expect_error([&] { connect_store("127.0.0.1", server->port(), milliseconds(1500)); });
+  EXPECT_EQ(e.kind(), ErrorKind::kPeerUnavailable) << e.what();
+  e = expect_error([&] { connect_store("127.0.0.1", server->port(), milliseconds(1500), impostor_tls()); });
+  EXPECT_EQ(e.kind(), ErrorKind::kPeerUnavailable) << e.what();
+  EXPECT_TRUE(contains(e.what(), "TLS")) << e.what();
+}
+
+TEST(ProcessGroupSecurity, TlsGroupWithTokenRunsCollectives) {
+  GrpcProcessGroupOptions options;
+  options.security = job_tls();
+  options.security.token = "t0ken";
+  options.timeout = milliseconds(20000);
+  testing::ThreadGroup group = testing::make_thread_group(3, options);
+  auto failures = testing::run_on_ranks(group, [](ProcessGroup& g) {
+    at::Tensor t = at::full({1000}, double(g.rank() + 1));
+    g.allreduce(t, ReduceOp::kSum)->wait();
+    if (!at::equal(t, at::full({1000}, 6.0))) throw std::runtime_error("wrong allreduce over TLS");
+    at::Tensor big = at::full({1 << 20}, double(g.rank()));  // the chunked ring path
+    g.allreduce(big, ReduceOp::kMax)->wait();
+    if (big[0].item<double>() != 2.0) throw std::runtime_error("wrong ring allreduce over TLS");
+  });
+  EXPECT_TRUE(failures.empty()) << failures.front();
+}
+
+// Runs rank 1 with `good` and rank 0 with `bad` (rank 0 dials rank 1): rank 0 must fail
+// with `kind` and rank 1 never completes a group.
+void expect_refused(const GrpcProcessGroupOptions& good, const GrpcProcessGroupOptions& bad, ErrorKind kind,
+                    const std::string& mentioned) {
+  auto store = create_in_memory_store();
+  std::unique_ptr<ProcessGroup> rank1;
+  std::thread t([&] {
+    try {
+      rank1 = create_grpc_process_group(*store, 1, 2, good);
+    } catch (const Error&) {
+    }
+  });
+  Error e = expect_error([&] { create_grpc_process_group(*store, 0, 2, bad); });
+  EXPECT_EQ(e.kind(), kind) << e.what();
+  EXPECT_TRUE(contains(e.what(), mentioned)) << e.what();
+  t.join();
+  EXPECT_EQ(rank1, nullptr);
+}
+
+TEST(ProcessGroupSecurity, ForeignCertificateIsRefused) {
+  GrpcProcessGroupOptions good, bad;
+  good.security = job_tls();
+  bad.security = impostor_tls();
+  good.timeout = bad.timeout = milliseconds(3000);
+  expect_refused(good, bad, ErrorKind::kTimeout, "did not connect");
+}
+
+TEST(ProcessGroupSecurity, PlaintextPeerIsRefusedByATlsGroup) {
+  GrpcProcessGroupOptions good, bad;
+  good.security = job_tls();
+  good.timeout = bad.timeout = milliseconds(3000);
+  expect_refused(good, bad, ErrorKind::kTimeout, "did not connect");
+}
+
+TEST(ProcessGroupSecurity, RightCertificateWrongTokenIsRefused) {
+  GrpcProcessGroupOptions good, bad;
+  good.security = bad.security = job_tls();
+  good.security.token = "right";
+  bad.security.token = "wrong";
+  good.timeout = bad.timeout = milliseconds(5000);
+  expect_refused(good, bad, ErrorKind::kUnauthenticated, "token");
+}
+
+}  // namespace
+}  // namespace drpc
