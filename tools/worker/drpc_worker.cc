@@ -4,7 +4,9 @@
 //               [--listen=0.0.0.0] [--load=model=/models/model.pt,...] [--rpc_timeout_ms=60000]
 // Every flag not given falls back to an environment variable (DRPC_NAME, DRPC_RANK,
 // DRPC_WORLD_SIZE, DRPC_MASTER_ADDR, DRPC_MASTER_PORT, DRPC_LISTEN, DRPC_ADVERTISE, DRPC_LOAD,
-// DRPC_RPC_TIMEOUT_MS, DRPC_NUM_THREADS), as container orchestrators set them.
+// DRPC_RPC_TIMEOUT_MS, DRPC_NUM_THREADS, DRPC_TOKEN_FILE, DRPC_TLS_CERT, DRPC_TLS_KEY,
+// DRPC_TLS_CA, DRPC_TLS_SERVER_NAME, DRPC_HEARTBEAT_MS, DRPC_HEARTBEAT_MISSES), as
+// container orchestrators set them. The job token comes from --token_file or DRPC_TOKEN.
 // Exits 0 after a graceful shutdown (or SIGTERM: it leaves the job), 1 with a one-line
 // reason otherwise.
 
@@ -31,6 +33,13 @@ DEFINE_string(advertise, "", "the address peers dial (required when --listen=0.0
 DEFINE_string(load, "", "TorchScript to host: NAME=FILE[,NAME=FILE...]");
 DEFINE_int32(rpc_timeout_ms, 60000, "default RPC deadline");
 DEFINE_int32(num_threads, 4, "handler threads");
+DEFINE_string(token_file, "", "a file holding the job's token (else DRPC_TOKEN; never pass the token itself as a flag)");
+DEFINE_string(tls_cert, "", "TLS: this worker's certificate chain (PEM)");
+DEFINE_string(tls_key, "", "TLS: this worker's private key (PEM)");
+DEFINE_string(tls_ca, "", "TLS: the job's CA certificate (PEM)");
+DEFINE_string(tls_server_name, "", "TLS: the name in peers' certificates, if not their address");
+DEFINE_int32(heartbeat_ms, 1000, "heartbeat interval (0: off)");
+DEFINE_int32(heartbeat_misses, 10, "missed heartbeats after which a peer is declared failed");
 // --log_dir is glog's own flag (logs go there instead of /tmp); DRPC_LOG_DIR works too.
 
 namespace {
@@ -69,6 +78,13 @@ int main(int argc, char** argv) {
     options.advertise_host = setting("advertise", "DRPC_ADVERTISE");
     options.rpc_timeout = std::chrono::milliseconds(std::stoi(setting("rpc_timeout_ms", "DRPC_RPC_TIMEOUT_MS")));
     options.num_worker_threads = std::stoi(setting("num_threads", "DRPC_NUM_THREADS"));
+    options.token = drpc::read_token(setting("token_file", "DRPC_TOKEN_FILE"));
+    options.tls_cert_file = setting("tls_cert", "DRPC_TLS_CERT");
+    options.tls_key_file = setting("tls_key", "DRPC_TLS_KEY");
+    options.tls_ca_file = setting("tls_ca", "DRPC_TLS_CA");
+    options.tls_server_name = setting("tls_server_name", "DRPC_TLS_SERVER_NAME");
+    options.heartbeat_interval = std::chrono::milliseconds(std::stoi(setting("heartbeat_ms", "DRPC_HEARTBEAT_MS")));
+    options.heartbeat_misses = std::stoi(setting("heartbeat_misses", "DRPC_HEARTBEAT_MISSES"));
     std::stringstream loads(setting("load", "DRPC_LOAD"));
     for (std::string item; std::getline(loads, item, ',');) {
       const size_t eq = item.find('=');
