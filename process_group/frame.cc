@@ -141,4 +141,58 @@ at::Tensor tensor_from_body(const Frame& frame, const pg::TensorMeta& meta, size
   return t;
 }
 
+std::vector<Frame> decode_wire_frames(const std::vector<ByteSpan>& pieces, std::shared_ptr<void> keepalive,
+                                      int source) {
+  Frame all;  // the whole message as one span list, to read across piece boundaries
+  for (const auto& piece : pieces) {
+    if (piece.size > 0) all.body.push_back(piece);
+  }
+  const size_t total = all.body_size();
+  std::vector<Frame> frames;
+  size_t offset = 0;
+  while (offset < total) {
+    if (total - offset < 4) throw Error(ErrorKind::kProtocol, "frame shorter than its length prefix");
+    uint32_t header_size = 0;
+    all.copy_body(offset, &header_size, 4);  // little-endian hosts only (x86_64, aarch64)
+    offset += 4;
+    if (header_size > kMaxFrameHeaderBytes || header_size > total - offset) {
+      throw Error(ErrorKind::kProtocol, "frame header length " + std::to_string(header_size) +
+                                            " exceeds the message (" + std::to_string(total) + " bytes)");
+    }
+    Frame frame;
+    frame.source = source;
+    frame.keepalive = keepalive;
+    std::string header_bytes(header_size, '\0');
+    all.copy_body(offset, header_bytes.data(), header_size);
+    offset += header_size;
+    if (!frame.header.ParseFromString(header_bytes)) {
+      throw Error(ErrorKind::kProtocol, "frame header is not a valid FrameHeader");
+    }
+    uint64_t body_size = 0;
+    for (const auto& meta : frame.header.tensors()) {
+      if (meta.nbytes() > total - offset - body_size) {
+        throw Error(ErrorKind::kProtocol, "frame claims more tensor bytes than the message holds");
+      }
+      body_size += meta.nbytes();
+    }
+    validate_frame(frame.header, body_size);  // metas consistent with their byte counts
+    // The body: the spans of `all` covering [offset, offset + body_size).
+    size_t skip = offset, want = body_size;
+    for (const auto& span : all.body) {
+      if (want == 0) break;
+      if (skip >= span.size) {
+        skip -= span.size;
+        continue;
+      }
+      const size_t n = std::min(want, span.size - skip);
+      frame.body.push_back(ByteSpan{span.data + skip, n});
+      want -= n;
+      skip = 0;
+    }
+    offset += body_size;
+    frames.push_back(std::move(frame));
+  }
+  return frames;
+}
+
 }  // namespace drpc

@@ -85,4 +85,14 @@ std::string describe_meta(const pg::TensorMeta& meta);
 // A new tensor with `meta`'s dtype and shape, holding the body bytes from `offset`.
 at::Tensor tensor_from_body(const Frame& frame, const pg::TensorMeta& meta, size_t offset);
 
+// The most header bytes one frame may claim; a longer header is malformed.
+constexpr uint32_t kMaxFrameHeaderBytes = 16 << 20;
+
+// Splits one network message, [u32 little-endian header length][FrameHeader][tensor
+// bytes] repeated, held in `pieces` (owned by `keepalive`), into validated frames whose
+// bodies point into the pieces. Throws kProtocol naming what is malformed; nothing is
+// allocated for a frame's tensors before its bytes are known to have arrived.
+std::vector<Frame> decode_wire_frames(const std::vector<ByteSpan>& pieces, std::shared_ptr<void> keepalive,
+                                      int source);
+
 }  // namespace drpc
