@@ -2,9 +2,12 @@
 
 #include <glog/logging.h>
 
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
+
+#include "common/logging.h"
 
 #include "process_group/grpc_process_group.h"
 #include "process_group/grpc_store.h"
@@ -150,6 +153,11 @@ class RuntimeImpl final : public Runtime {
       factory = it->second;
     }
     agent_ = factory(*group_, workers, options);
+    std::vector<std::string> names;
+    for (const auto& w : workers) names.push_back(w.name);
+    metrics_ = std::make_unique<Metrics>(name, rank, names);
+    log_tag_ = make_log_tag(name, rank);
+    agent_->set_instruments(metrics_.get(), tracer_.get());
     rref_ = create_rref_context(
         *agent_,
         [this](const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs) {
@@ -200,10 +208,22 @@ class RuntimeImpl final : public Runtime {
   RpcAgent& agent() override { return *agent_; }
   ProcessGroup& process_group() override { return *group_; }
 
+  MetricsSnapshot metrics() override {
+    MetricsSnapshot s = metrics_->snapshot();
+    const RRefCounts c = rref_->counts();
+    s.rref_owners = c.owners;
+    s.rref_users = c.users;
+    s.rref_pending_forks = c.pending_children + c.pending_users;
+    s.autograd_contexts = autograd_->num_contexts();
+    return s;
+  }
+  std::shared_ptr<Tracer> tracer() override { return tracer_; }
+
   void shutdown(bool graceful) override {
     std::lock_guard<std::mutex> lock(shutdown_mu_);
     if (shut_down_) return;
     shut_down_ = true;
+    ScopedLogTag tag(&log_tag_);
     // The objects stay (until destruction) so later calls fail with kShutdown.
     if (graceful) {
       // Pending forks settle, this worker's references are deleted, every worker waits
@@ -217,6 +237,7 @@ class RuntimeImpl final : public Runtime {
       }
     }
     agent_->shutdown(graceful);
+    LOG(INFO) << summary_line(metrics());
     rref_->shutdown();
     group_->shutdown();
     if (store_server_) store_server_->shutdown();
@@ -239,8 +260,12 @@ class RuntimeImpl final : public Runtime {
     const int64_t autograd_context = request.autograd_context;
     // The function runs once the owners have confirmed every RRef among its arguments.
     auto result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
-    when_done_on_pool(*agent_, rref_->confirmations(all), [this, fn, args, result, autograd_context]() mutable {
+    // A profiled request's trace follows the function if it runs on another thread.
+    auto profiled = tracer_->serving();
+    when_done_on_pool(*agent_, rref_->confirmations(all),
+                      [this, fn, args, result, autograd_context, profiled]() mutable {
       CurrentRuntime current(this);
+      Tracer::Scope scope(tracer_.get(), profiled);
       // Calls the function makes belong to the caller's autograd context.
       const int64_t previous = autograd_->current_context();
       autograd_->set_current_context(autograd_context);
@@ -291,6 +316,10 @@ class RuntimeImpl final : public Runtime {
   std::unique_ptr<Store> owned_store_;
   std::unique_ptr<ProcessGroup> group_;
   FunctionRegistry functions_;
+  // Before the agent, which records into them until it is destroyed.
+  std::unique_ptr<Metrics> metrics_;
+  std::shared_ptr<Tracer> tracer_ = std::make_shared<Tracer>();
+  std::string log_tag_;
   std::unique_ptr<RpcAgent> agent_;
   std::shared_ptr<RRefContext> rref_;  // destroyed before the agent it registered with
   std::shared_ptr<AutogradContainer> autograd_;
@@ -332,6 +361,7 @@ void init_rpc(const std::string& name, int rank, int world_size, const Options& 
     if (default_runtime()) throw Error(ErrorKind::kBadArgument, "init_rpc was already called in this process");
   }
   auto runtime = Runtime::create(name, rank, world_size, options);
+  set_process_log_tag(name, rank);  // this process's worker, for lines of threads not its own
   std::lock_guard<std::mutex> lock(default_mu());
   default_runtime() = std::move(runtime);
 }
@@ -433,6 +463,40 @@ void shutdown(bool graceful) {
     runtime = std::move(default_runtime());
   }
   if (runtime) runtime->shutdown(graceful);
+}
+
+// --- observability ---------------------------------------------------------------------
+
+MetricsSnapshot get_metrics() { return current_runtime().metrics(); }
+
+Profiler::Profiler() : Profiler(current_runtime()) {}
+
+Profiler::Profiler(Runtime& runtime) : tracer_(runtime.tracer()) {
+  for (const auto& w : runtime.get_worker_infos()) workers_.push_back(w.name);
+  tracer_->start();
+}
+
+Profiler::~Profiler() { stop(); }
+
+void Profiler::stop() {
+  if (!running_) return;
+  running_ = false;
+  events_ = tracer_->stop();
+}
+
+const std::vector<TraceEvent>& Profiler::events() {
+  stop();
+  return events_;
+}
+
+std::string Profiler::chrome_trace() { return to_chrome_trace(events(), workers_); }
+
+void Profiler::write_chrome_trace(const std::string& path) {
+  const std::string trace = chrome_trace();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << trace;
+  out.close();
+  if (!out) throw Error(ErrorKind::kBadArgument, "cannot write the trace to '" + path + "'");
 }
 
 }  // namespace drpc

@@ -16,6 +16,8 @@
 #include "process_group/process_group.h"
 #include "process_group/store.h"
 #include "rpc/function_registry.h"
+#include "rpc/metrics.h"
+#include "rpc/profiler.h"
 #include "rpc/rpc_agent.h"
 #include "dist_autograd/dist_autograd.h"
 #include "dist_autograd/optimizer_host.h"
@@ -94,6 +96,10 @@ class Runtime {
   virtual FunctionRegistry& functions() = 0;
   virtual RpcAgent& agent() = 0;
   virtual ProcessGroup& process_group() = 0;
+  // This worker's metrics now (see MetricsSnapshot); also after shutdown.
+  virtual MetricsSnapshot metrics() = 0;
+  // This worker's profiling switch (see Profiler).
+  virtual std::shared_ptr<Tracer> tracer() = 0;
 
   // graceful: waits until no worker has calls outstanding, then stops. Idempotent.
   virtual void shutdown(bool graceful = true) = 0;
@@ -185,5 +191,43 @@ class DistributedOptimizer {
 // The runtime that free functions use on this thread: inside a function called over RPC,
 // the worker serving it; otherwise the one init_rpc made. Throws kShutdown if none.
 Runtime& current_runtime();
+
+// --- observability ---------------------------------------------------------------------
+
+// current_runtime().metrics(): calls by function and peer, errors by kind, bytes, in-flight
+// calls, handler queue, latency quantiles, RRef and autograd counts. to_prometheus_text()
+// formats them for a scraper.
+MetricsSnapshot get_metrics();
+
+// The RPC profiler: records every call this worker makes while it runs, from any thread,
+// together with what each worker the call reaches does for it (send, network, queue and
+// execution spans, and the calls made meanwhile, nested), merged here on this worker's
+// clock; then writes a Chrome trace (chrome://tracing, Perfetto) with one process per
+// worker and one row per thread. Starts when constructed; one at a time per worker
+// (kBadArgument otherwise). Calls still in flight when it stops are left out. Not
+// thread-safe itself; it may outlive its runtime.
+class Profiler {
+ public:
+  Profiler();  // on current_runtime()
+  explicit Profiler(Runtime& runtime);
+  ~Profiler();
+  Profiler(const Profiler&) = delete;
+  Profiler& operator=(const Profiler&) = delete;
+
+  // Stops recording. Idempotent.
+  void stop();
+  // The events recorded (stops first), on this worker's steady clock.
+  const std::vector<TraceEvent>& events();
+  // The Chrome trace JSON of events().
+  std::string chrome_trace();
+  // Writes chrome_trace() to `path`; throws Error(kBadArgument) naming it if it cannot.
+  void write_chrome_trace(const std::string& path);
+
+ private:
+  std::shared_ptr<Tracer> tracer_;
+  std::vector<std::string> workers_;  // names by rank
+  bool running_ = true;
+  std::vector<TraceEvent> events_;
+};
 
 }  // namespace drpc

@@ -32,6 +32,7 @@ class FaultyAgent final : public RpcAgent {
     inner_->register_handler(type, std::move(handler), run_inline);
   }
   void add_interceptor(Interceptor interceptor) override { inner_->add_interceptor(std::move(interceptor)); }
+  void set_instruments(Metrics* metrics, Tracer* tracer) override { inner_->set_instruments(metrics, tracer); }
   void start() override { inner_->start(); }
   void run_on_pool(std::function<void()> task) override { inner_->run_on_pool(std::move(task)); }
   void join() override {

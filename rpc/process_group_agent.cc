@@ -10,6 +10,9 @@
 #include <mutex>
 #include <thread>
 
+#include "common/logging.h"
+#include "rpc/metrics.h"
+#include "rpc/profiler.h"
 #include "rpc/proto/rpc.pb.h"
 
 namespace drpc {
@@ -32,6 +35,38 @@ void take_autograd(const rpc::Envelope& e, Message* m) {
   m->requires_grad.assign(e.requires_grad().begin(), e.requires_grad().end());
 }
 
+int64_t tensor_bytes(const std::vector<at::Tensor>& tensors) {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  return n;
+}
+
+void to_proto(const TraceEvent& e, rpc::Span* s) {
+  s->set_name(e.name);
+  s->set_category(e.category);
+  s->set_worker(e.worker);
+  s->set_tid(e.tid);
+  s->set_thread(e.thread);
+  s->set_start_ns(e.start_ns);
+  s->set_duration_ns(e.duration_ns);
+  for (const auto& [k, v] : e.args) {
+    auto* arg = s->add_args();
+    arg->set_key(k);
+    arg->set_value(v);
+  }
+}
+
+// `shift` moves the span from its sender's clock onto ours.
+TraceEvent from_proto(const rpc::Span& s, int64_t shift) {
+  TraceEvent e{s.name(), s.category(), s.worker(), s.tid(), s.thread(), s.start_ns() + shift, s.duration_ns(), {}};
+  for (const auto& arg : s.args()) e.args.emplace_back(arg.key(), arg.value());
+  return e;
+}
+
+ErrorKind kind_of(const rpc::Envelope& e) {
+  return static_cast<ErrorKind>(std::min<int>(e.error_kind() - 1, static_cast<int>(ErrorKind::kInternal)));
+}
+
 class ProcessGroupAgent final : public RpcAgent {
  public:
   ProcessGroupAgent(ProcessGroup& group, std::vector<WorkerInfo> workers, const AgentOptions& options)
@@ -40,6 +75,7 @@ class ProcessGroupAgent final : public RpcAgent {
       throw Error(ErrorKind::kBadArgument, "the agent needs one worker per rank");
     }
     self_ = workers_.at(group_.rank());
+    log_tag_ = make_log_tag(self_.name, self_.id);
     group_.set_message_listener(MessageListener{
         [this](int source, PgMessage message) { on_message(source, std::move(message)); },
         [this](int rank, const Error& reason) { on_peer_failed(rank, reason); }});
@@ -47,6 +83,7 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   ~ProcessGroupAgent() override {
+    if (metrics_) metrics_->set_gauge_source(nullptr);
     shutdown(false);
     group_.set_message_listener(MessageListener{});
   }
@@ -75,18 +112,55 @@ class ProcessGroupAgent final : public RpcAgent {
     if (run_inline) inline_types_.insert(type);
   }
   void add_interceptor(Interceptor interceptor) override { interceptors_.push_back(std::move(interceptor)); }
+  void set_instruments(Metrics* metrics, Tracer* tracer) override {
+    if (metrics_) metrics_->set_gauge_source(nullptr);
+    metrics_ = metrics;
+    tracer_ = tracer;
+    if (!metrics_) return;
+    metrics_->set_gauge_source([this](MetricsSnapshot& s) {
+      std::lock_guard<std::mutex> lock(mu_);
+      s.in_flight_sent = static_cast<int64_t>(pending_.size());
+      s.in_flight_received = processing_;
+      s.handler_queue = static_cast<int64_t>(queue_.size());
+    });
+  }
 
   FuturePtr send(const WorkerInfo& to, Message request, milliseconds timeout, const std::string& what) override {
+    const int64_t start_ns = steady_now_ns();
     const WorkerInfo dst = worker(to.id);
+    std::shared_ptr<TraceCollector> collector;
+    if (tracer_ && tracer_->active()) collector = tracer_->collector_for_send();
     for (auto& i : interceptors_) {
       if (i.on_send) i.on_send(dst, request);
     }
+    const std::string label = function_label(what);
+    Metrics::Function* fn = metrics_ ? metrics_->function(label) : nullptr;
     auto future = make_message_future();
     const int64_t id = next_id_.fetch_add(1);
+    // Serialized before the call is registered, so the send span ends before the message
+    // can leave (and a reply come back).
+    std::string header;
+    int64_t wire_bytes = 0;
+    if (dst.id != self_.id) {
+      rpc::Envelope envelope;
+      envelope.set_type(request.type);
+      envelope.set_id(id);
+      envelope.set_what(label);
+      if (collector) envelope.set_profile(true);
+      put_autograd(request, &envelope);
+      envelope.set_payload(std::move(request.payload));
+      header = envelope.SerializeAsString();
+      wire_bytes = static_cast<int64_t>(header.size()) + tensor_bytes(request.tensors);
+    }
+    std::shared_ptr<CallTrace> trace;
+    if (collector) {
+      trace = std::make_shared<CallTrace>(
+          CallTrace{collector, start_ns, steady_now_ns(), current_thread_id(), current_thread_name(), label});
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) throw Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " is shut down");
-      Pending pending{future, dst.id, what, timeout, Clock::time_point::max()};
+      Pending pending{future, dst.id, what, timeout, Clock::time_point::max(), fn, start_ns, trace};
       if (timeout.count() > 0) {
         pending.deadline = Clock::now() + timeout;
         deadlines_.emplace(pending.deadline, id);
@@ -95,18 +169,21 @@ class ProcessGroupAgent final : public RpcAgent {
       pending_.emplace(id, std::move(pending));
       if (dst.id != self_.id) ++requests_sent_;
     }
+    if (metrics_) {
+      metrics_->call_sent(fn, dst.id);
+      metrics_->bytes_sent(dst.id, wire_bytes);
+    }
+    VLOG(1) << log_tag_ << " call " << id << " to " << dst.name << ": " << label << " (type " << request.type << ", "
+            << wire_bytes << " bytes" << (collector ? ", profiled" : "") << ")";
     if (dst.id == self_.id) {
       // A call to oneself skips the network but not the handler pool.
-      schedule_request(self_.id, id, std::move(request));
+      Served served{fn, steady_now_ns(), collector ? std::make_shared<ServeTrace>(ServeTrace{label}) : nullptr};
+      if (metrics_) metrics_->call_received(fn, self_.id);
+      schedule_request(self_.id, id, std::move(request), std::move(served));
       return future;
     }
-    rpc::Envelope envelope;
-    envelope.set_type(request.type);
-    envelope.set_id(id);
-    put_autograd(request, &envelope);
-    envelope.set_payload(std::move(request.payload));
     try {
-      WorkPtr work = group_.send_message(dst.id, PgMessage{envelope.SerializeAsString(), std::move(request.tensors)});
+      WorkPtr work = group_.send_message(dst.id, PgMessage{std::move(header), std::move(request.tensors)});
       work->on_completion([this, id](Work& w) {
         if (auto error = w.exception()) fail_pending(id, error);
       });
@@ -133,7 +210,7 @@ class ProcessGroupAgent final : public RpcAgent {
       started_ = true;
       held.swap(held_);
     }
-    for (int i = 0; i < options_.num_threads; ++i) pool_.emplace_back([this] { pool_loop(); });
+    for (int i = 0; i < options_.num_threads; ++i) pool_.emplace_back([this, i] { pool_loop(i); });
     for (auto& [source, message] : held) on_message(source, std::move(message));
   }
 
@@ -182,7 +259,10 @@ class ProcessGroupAgent final : public RpcAgent {
     idle_cv_.notify_all();
     auto error = std::make_exception_ptr(
         Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " shut down before a reply came"));
-    for (auto& [id, p] : pending) p.future->setErrorIfNeeded(error);
+    for (auto& [id, p] : pending) {
+      call_failed(p, ErrorKind::kShutdown);
+      p.future->setErrorIfNeeded(error);
+    }
     for (auto& t : pool_) {
       if (t.joinable()) t.join();
     }
@@ -190,26 +270,63 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
  private:
+  // A profiled call, as its caller records it.
+  struct CallTrace {
+    std::shared_ptr<TraceCollector> collector;
+    int64_t start_ns;  // send() called
+    int64_t sent_ns;   // handed to the transport
+    int64_t tid;
+    std::string thread;
+    std::string what;
+  };
+
   struct Pending {
     FuturePtr future;
     int dst;
     std::string what;
     milliseconds timeout;
     Clock::time_point deadline;
+    Metrics::Function* fn = nullptr;
+    int64_t start_ns = 0;
+    std::shared_ptr<CallTrace> trace;  // profiled calls only
+  };
+
+  // A profiled request, as its callee records it.
+  struct ServeTrace {
+    std::string what;
+    std::shared_ptr<TraceCollector> collector = std::make_shared<TraceCollector>();  // its nested calls
+    int64_t start_ns = 0;  // handler started
+    int64_t tid = 0;
+    std::string thread;
+  };
+
+  // What the agent keeps about a request it serves.
+  struct Served {
+    Metrics::Function* fn = nullptr;
+    int64_t arrival_ns = 0;
+    std::shared_ptr<ServeTrace> trace;  // profiled requests only
   };
 
   // --- network threads -----------------------------------------------------------------
   void on_message(int source, PgMessage raw) {
+    const int64_t arrival_ns = steady_now_ns();
+    name_current_thread_if_unnamed("network");
+    ScopedLogTag tag(&log_tag_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
       if (!started_) {
+        VLOG(2) << log_tag_ << " holding a message from " << workers_[source].name << " until start";
         held_.emplace_back(source, std::move(raw));
         return;
       }
     }
+    if (metrics_) {
+      metrics_->bytes_received(source, static_cast<int64_t>(raw.header.size()) + tensor_bytes(raw.tensors));
+    }
     rpc::Envelope envelope;
     if (!envelope.ParseFromString(raw.header)) {
+      if (metrics_) metrics_->error(false, ErrorKind::kProtocol);
       LOG(ERROR) << self_.name << ": dropping a malformed message from " << workers_[source].name;
       return;
     }
@@ -219,7 +336,14 @@ class ProcessGroupAgent final : public RpcAgent {
       if (i.on_receive) i.on_receive(workers_[source], message);
     }
     if (!envelope.is_response()) {
-      schedule_request(source, envelope.id(), std::move(message));
+      // The caller's label, bounded again: a peer's bytes are not to be trusted.
+      const std::string label = function_label(envelope.what());
+      Served served{metrics_ ? metrics_->function(label) : nullptr, arrival_ns,
+                    envelope.profile() ? std::make_shared<ServeTrace>(ServeTrace{label}) : nullptr};
+      if (metrics_) metrics_->call_received(served.fn, source);
+      VLOG(1) << log_tag_ << " request " << envelope.id() << " from " << workers_[source].name << ": " << label
+              << " (type " << envelope.type() << (served.trace ? ", profiled" : "") << ")";
+      schedule_request(source, envelope.id(), std::move(message), std::move(served));
       return;
     }
     Pending pending;
@@ -232,14 +356,57 @@ class ProcessGroupAgent final : public RpcAgent {
       if (pending.deadline != Clock::time_point::max()) erase_deadline(pending.deadline, envelope.id());
     }
     idle_cv_.notify_all();
-    if (envelope.error_kind() != 0) {
-      const auto kind = static_cast<ErrorKind>(
-          std::min<int>(envelope.error_kind() - 1, static_cast<int>(ErrorKind::kInternal)));
-      pending.future->setErrorIfNeeded(std::make_exception_ptr(
-          Error(kind, "rpc " + pending.what + " on " + workers_[source].name + " failed: " + envelope.error())));
-    } else {
-      pending.future->markCompleted(message_to_ivalue(std::move(message)));
+    finish_call(pending, envelope, std::move(message), arrival_ns);
+  }
+
+  // A reply (or an error reply) arrived at `receipt_ns` for `p`.
+  void finish_call(Pending& p, const rpc::Envelope& envelope, Message message, int64_t receipt_ns) {
+    const bool failed = envelope.error_kind() != 0;
+    VLOG(1) << log_tag_ << " reply " << envelope.id() << " from " << workers_[p.dst].name << " after "
+            << (receipt_ns - p.start_ns) / 1000 << " us" << (failed ? " (error)" : "");
+    if (metrics_ && p.fn) {
+      metrics_->reply_received(p.fn, std::chrono::nanoseconds(receipt_ns - p.start_ns));
+      if (failed) metrics_->error(true, kind_of(envelope));
     }
+    if (p.trace) {
+      record_call(p, envelope.has_profile_spans() ? &envelope.profile_spans() : nullptr, receipt_ns,
+                  failed ? error_kind_name(kind_of(envelope)) : nullptr);
+    }
+    if (failed) {
+      p.future->setErrorIfNeeded(std::make_exception_ptr(
+          Error(kind_of(envelope), "rpc " + p.what + " on " + workers_[p.dst].name + " failed: " + envelope.error())));
+    } else {
+      p.future->markCompleted(message_to_ivalue(std::move(message)));
+    }
+  }
+
+  // A call that ends without a reply (deadline, peer gone, shutdown).
+  void call_failed(Pending& p, ErrorKind kind) {
+    if (metrics_ && p.fn) metrics_->error(true, kind);
+    VLOG(1) << log_tag_ << " call to " << workers_[p.dst].name << " (" << p.what << ") failed: " << error_kind_name(kind);
+    if (p.trace) record_call(p, nullptr, steady_now_ns(), error_kind_name(kind));
+  }
+
+  // The caller's spans of a profiled call, with the callee's (`profile`, if it answered)
+  // moved onto this worker's clock, go to the call's collector.
+  void record_call(const Pending& p, const rpc::Profile* profile, int64_t end_ns, const char* error) {
+    const CallTrace& t = *p.trace;
+    const std::string& peer = workers_[p.dst].name;
+    std::vector<TraceEvent> events;
+    TraceEvent call{t.what, "rpc", self_.id, t.tid, t.thread, t.start_ns, end_ns - t.start_ns, {{"to", peer}}};
+    if (error) call.args.emplace_back("error", error);
+    events.push_back(std::move(call));
+    events.push_back(TraceEvent{"send", "send", self_.id, t.tid, t.thread, t.start_ns, t.sent_ns - t.start_ns,
+                                {{"function", t.what}, {"to", peer}}});
+    if (profile) {
+      const ClockAlignment a = align_clocks(t.sent_ns, profile->arrival_ns(), profile->reply_ns(), end_ns);
+      events.push_back(TraceEvent{"network", "network", self_.id, t.tid, t.thread, t.sent_ns, a.request_ns,
+                                  {{"function", t.what}, {"direction", "request"}, {"to", peer}}});
+      events.push_back(TraceEvent{"network", "network", self_.id, t.tid, t.thread, profile->reply_ns() - a.offset,
+                                  a.reply_ns, {{"function", t.what}, {"direction", "reply"}, {"from", peer}}});
+      for (const auto& span : profile->spans()) events.push_back(from_proto(span, -a.offset));
+    }
+    t.collector->add_all(std::move(events));
   }
 
   void on_peer_failed(int rank, const Error& reason) {
@@ -258,6 +425,7 @@ class ProcessGroupAgent final : public RpcAgent {
     }
     idle_cv_.notify_all();
     for (auto& p : failed) {
+      call_failed(p, ErrorKind::kPeerUnavailable);
       p.future->setErrorIfNeeded(std::make_exception_ptr(
           Error(ErrorKind::kPeerUnavailable, "rpc " + p.what + " to " + workers_[rank].name + " failed: " +
                                                  workers_[rank].name + " is unavailable (" + reason.message() + ")")));
@@ -265,7 +433,7 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   // --- handler threads -----------------------------------------------------------------
-  void schedule_request(int source, int64_t id, Message request) {
+  void schedule_request(int source, int64_t id, Message request, Served served) {
     const bool run_inline = inline_types_.count(request.type) > 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -274,20 +442,25 @@ class ProcessGroupAgent final : public RpcAgent {
       if (run_inline) {
         // falls through to serve() below, outside the lock
       } else {
-      queue_.push_back([this, source, id, request = std::move(request)]() mutable {
-        serve(source, id, std::move(request));
+      queue_.push_back([this, source, id, request = std::move(request), served = std::move(served)]() mutable {
+        serve(source, id, std::move(request), std::move(served));
       });
       }
     }
     if (run_inline) {
-      serve(source, id, std::move(request));
+      serve(source, id, std::move(request), std::move(served));
       return;
     }
     pool_cv_.notify_one();
   }
 
-  void serve(int source, int64_t id, Message request) {
+  void serve(int source, int64_t id, Message request, Served served) {
     const int64_t autograd_context = request.autograd_context;
+    if (served.trace) {
+      served.trace->start_ns = steady_now_ns();
+      served.trace->tid = current_thread_id();
+      served.trace->thread = current_thread_name();
+    }
     FuturePtr reply;
     auto handler = handlers_.find(request.type);
     if (handler == handlers_.end()) {
@@ -295,6 +468,8 @@ class ProcessGroupAgent final : public RpcAgent {
       reply->setError(std::make_exception_ptr(
           Error(ErrorKind::kBadArgument, self_.name + " has no handler for message type " + std::to_string(request.type))));
     } else {
+      // Calls the handler makes on this thread belong to a profiled request's trace.
+      Tracer::Scope scope(tracer_, served.trace ? served.trace->collector : nullptr);
       try {
         reply = handler->second(workers_[source], std::move(request));
       } catch (...) {
@@ -303,13 +478,14 @@ class ProcessGroupAgent final : public RpcAgent {
       }
     }
     // The reply goes out when the future completes, whichever thread completes it.
-    reply->addCallback([this, source, id, autograd_context](c10::ivalue::Future& done) {
-      answer(source, id, done, autograd_context);
+    reply->addCallback([this, source, id, autograd_context, served = std::move(served)](c10::ivalue::Future& done) {
+      answer(source, id, done, autograd_context, served);
     });
   }
 
   // The reply belongs to the request's autograd context, whichever thread sends it.
-  void answer(int source, int64_t id, c10::ivalue::Future& done, int64_t autograd_context) {
+  void answer(int source, int64_t id, c10::ivalue::Future& done, int64_t autograd_context, const Served& served) {
+    const int64_t reply_ns = steady_now_ns();
     rpc::Envelope envelope;
     envelope.set_id(id);
     envelope.set_is_response(true);
@@ -329,6 +505,13 @@ class ProcessGroupAgent final : public RpcAgent {
       envelope.set_type(reply.type);
       if (reply.autograd_context < 0) reply.autograd_context = autograd_context;
     }
+    if (metrics_ && served.fn) {
+      metrics_->request_served(served.fn, std::chrono::nanoseconds(reply_ns - served.arrival_ns));
+      if (envelope.error_kind() != 0) metrics_->error(false, kind_of(envelope));
+    }
+    VLOG(1) << log_tag_ << " answering " << id << " from " << workers_[source].name << " after "
+            << (reply_ns - served.arrival_ns) / 1000 << " us" << (envelope.error_kind() != 0 ? " (error)" : "");
+    if (served.trace) add_served_spans(*served.trace, served.arrival_ns, reply_ns, source, &envelope);
     if (source == self_.id) {
       deliver_local_reply(id, envelope, std::move(reply));
     } else {
@@ -338,7 +521,11 @@ class ProcessGroupAgent final : public RpcAgent {
       put_autograd(reply, &envelope);
       envelope.set_payload(std::move(reply.payload));
       try {
-        group_.send_message(source, PgMessage{envelope.SerializeAsString(), std::move(reply.tensors)});
+        std::string header = envelope.SerializeAsString();
+        if (metrics_) {
+          metrics_->bytes_sent(source, static_cast<int64_t>(header.size()) + tensor_bytes(reply.tensors));
+        }
+        group_.send_message(source, PgMessage{std::move(header), std::move(reply.tensors)});
       } catch (const Error& e) {
         LOG(WARNING) << self_.name << ": cannot answer " << workers_[source].name << ": " << e.what();
       }
@@ -351,7 +538,24 @@ class ProcessGroupAgent final : public RpcAgent {
     idle_cv_.notify_all();
   }
 
+  // A profiled request's spans on this worker: its queue and execution, and the calls it
+  // made meanwhile (already on this worker's clock).
+  void add_served_spans(ServeTrace& t, int64_t arrival_ns, int64_t reply_ns, int source, rpc::Envelope* envelope) {
+    rpc::Profile* profile = envelope->mutable_profile_spans();
+    profile->set_arrival_ns(arrival_ns);
+    profile->set_reply_ns(reply_ns);
+    const std::string& from = workers_[source].name;
+    to_proto(TraceEvent{"queue", "queue", self_.id, t.tid, t.thread, arrival_ns, t.start_ns - arrival_ns,
+                        {{"function", t.what}, {"from", from}}},
+             profile->add_spans());
+    TraceEvent execute{t.what, "execute", self_.id, t.tid, t.thread, t.start_ns, reply_ns - t.start_ns, {{"from", from}}};
+    if (envelope->error_kind() != 0) execute.args.emplace_back("error", error_kind_name(kind_of(*envelope)));
+    to_proto(execute, profile->add_spans());
+    for (const auto& e : t.collector->take()) to_proto(e, profile->add_spans());
+  }
+
   void deliver_local_reply(int64_t id, const rpc::Envelope& envelope, Message reply) {
+    const int64_t receipt_ns = steady_now_ns();
     Pending pending;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -361,16 +565,12 @@ class ProcessGroupAgent final : public RpcAgent {
       pending_.erase(it);
       if (pending.deadline != Clock::time_point::max()) erase_deadline(pending.deadline, id);
     }
-    if (envelope.error_kind() != 0) {
-      const auto kind = static_cast<ErrorKind>(envelope.error_kind() - 1);
-      pending.future->setErrorIfNeeded(std::make_exception_ptr(
-          Error(kind, "rpc " + pending.what + " on " + self_.name + " failed: " + envelope.error())));
-    } else {
-      pending.future->markCompleted(message_to_ivalue(std::move(reply)));
-    }
+    finish_call(pending, envelope, std::move(reply), receipt_ns);
   }
 
-  void pool_loop() {
+  void pool_loop(int index) {
+    ScopedLogTag tag(&log_tag_);
+    set_current_thread_name("handler " + std::to_string(index));
     while (true) {
       std::function<void()> task;
       {
@@ -396,6 +596,8 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   void timer_loop() {
+    ScopedLogTag tag(&log_tag_);
+    set_current_thread_name("timer");
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopped_) {
       if (deadlines_.empty()) {
@@ -415,6 +617,7 @@ class ProcessGroupAgent final : public RpcAgent {
       pending_.erase(it);
       lock.unlock();
       idle_cv_.notify_all();
+      call_failed(p, ErrorKind::kTimeout);
       p.future->setErrorIfNeeded(std::make_exception_ptr(
           Error(ErrorKind::kTimeout, "rpc " + p.what + " to " + workers_[p.dst].name + " timed out after " +
                                          std::to_string(p.timeout.count()) + " ms")));
@@ -439,6 +642,7 @@ class ProcessGroupAgent final : public RpcAgent {
     } catch (const std::exception& e) {
       why = e.what();
     }
+    call_failed(p, ErrorKind::kPeerUnavailable);
     p.future->setErrorIfNeeded(std::make_exception_ptr(
         Error(ErrorKind::kPeerUnavailable, "rpc " + p.what + " to " + workers_[p.dst].name + " could not be sent: " + why)));
   }
@@ -447,6 +651,9 @@ class ProcessGroupAgent final : public RpcAgent {
   const std::vector<WorkerInfo> workers_;
   const AgentOptions options_;
   WorkerInfo self_;
+  std::string log_tag_;                       // "[name/rank]"
+  Metrics* metrics_ = nullptr;                // set before start(); may be null
+  Tracer* tracer_ = nullptr;                  // set before start(); may be null
   std::map<int32_t, Handler> handlers_;       // set before start()
   std::set<int32_t> inline_types_;            // set before start()
   std::vector<Interceptor> interceptors_;     // set before start()

@@ -8,8 +8,11 @@
 
 #include <atomic>
 #include <thread>
+#include <tuple>
 
 #include "process_group/in_memory_process_group.h"
+#include "rpc/metrics.h"
+#include "rpc/profiler.h"
 
 namespace drpc {
 namespace {
@@ -207,6 +210,167 @@ TEST(ProcessGroupAgent, ShutdownFailsPendingCallsAndLaterSends) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kShutdown);
   }
+}
+
+// Requests held by a handler until the test completes them.
+struct Held {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<FuturePtr> replies;
+  RpcAgent::Handler handler() {
+    return [this](const WorkerInfo&, Message) {
+      auto future = make_message_future();
+      std::lock_guard<std::mutex> lock(mu);
+      replies.push_back(future);
+      cv.notify_all();
+      return future;
+    };
+  }
+  void wait_for(size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return replies.size() >= n; });
+  }
+};
+
+TEST(ProcessGroupAgent, MetricsCountAKnownSequenceOfCallsExactly) {
+  Agents agents(2);
+  Metrics m0("w0", 0, {"w0", "w1"}), m1("w1", 1, {"w0", "w1"});
+  agents[0].set_instruments(&m0, nullptr);
+  agents[1].set_instruments(&m1, nullptr);
+  Held held;
+  agents[0].register_handler(kEcho, echo_handler());
+  agents[1].register_handler(kEcho, echo_handler());
+  agents[1].register_handler(kHold, held.handler());
+  agents[0].start();
+  agents[1].start();
+  // 5 echoes to w1 (a 16-byte tensor each), 3 to itself, 1 of a type w1 has no handler
+  // for, 1 that times out, 1 held open while the gauges are read.
+  for (int i = 0; i < 5; ++i) {
+    auto f = agents[0].send(agents[0].worker(1), Message{kEcho, "abc", {at::ones({4})}}, milliseconds(5000), "echo");
+    f->wait();
+    ASSERT_FALSE(f->hasError());
+  }
+  for (int i = 0; i < 3; ++i) {
+    agents[0].send(agents[0].self(), Message{kEcho, "x", {}}, milliseconds(5000), "echo")->wait();
+  }
+  EXPECT_EQ(error_of(agents[0].send(agents[0].worker(1), Message{77, "", {}}, milliseconds(5000), "g")).kind(),
+            ErrorKind::kBadArgument);
+  EXPECT_EQ(error_of(agents[0].send(agents[0].worker(1), Message{kHold, "", {}}, milliseconds(50), "slow")).kind(),
+            ErrorKind::kTimeout);
+  held.wait_for(1);
+  auto open = agents[0].send(agents[0].worker(1), Message{kHold, "", {}}, milliseconds(0), "to_here of RRef 0:17");
+  held.wait_for(2);
+
+  MetricsSnapshot s0 = m0.snapshot(), s1 = m1.snapshot();
+  using Calls = std::map<std::pair<std::string, std::string>, int64_t>;
+  EXPECT_EQ(s0.calls_sent, (Calls{{{"echo", "w0"}, 3}, {{"echo", "w1"}, 5}, {{"g", "w1"}, 1}, {{"slow", "w1"}, 1},
+                                  {{"to_here of RRef", "w1"}, 1}}));
+  EXPECT_EQ(s0.calls_received, (Calls{{{"echo", "w0"}, 3}}));
+  EXPECT_EQ(s1.calls_sent, Calls{});
+  EXPECT_EQ(s1.calls_received, (Calls{{{"echo", "w0"}, 5}, {{"g", "w0"}, 1}, {{"slow", "w0"}, 1},
+                                      {{"to_here of RRef", "w0"}, 1}}));
+  using Kinds = std::map<std::string, int64_t>;
+  EXPECT_EQ(s0.errors_sent, (Kinds{{"BadArgument", 1}, {"Timeout", 1}}));
+  EXPECT_EQ(s0.errors_received, Kinds{});
+  EXPECT_EQ(s1.errors_received, (Kinds{{"BadArgument", 1}}));
+  // Replies, error replies included, have a round trip; the timed-out call has none.
+  EXPECT_EQ(s0.latency["echo"].count, 8);
+  EXPECT_EQ(s0.latency["g"].count, 1);
+  EXPECT_EQ(s0.latency.count("slow"), 0u);
+  EXPECT_GT(s0.latency["echo"].p50, 0);
+  EXPECT_LE(s0.latency["echo"].p50, s0.latency["echo"].p99);
+  EXPECT_EQ(s1.handler_latency["echo"].count, 5);
+  EXPECT_EQ(s0.handler_latency["echo"].count, 3);
+  // What one sent, the other received; the tensors are in it.
+  EXPECT_EQ(s0.bytes_sent["w1"], s1.bytes_received["w0"]);
+  EXPECT_EQ(s1.bytes_sent["w0"], s0.bytes_received["w1"]);
+  EXPECT_GT(s0.bytes_sent["w1"], 5 * 16);
+  EXPECT_GT(s1.bytes_sent["w0"], 5 * 16);
+  // The open call is in flight on both sides.
+  EXPECT_EQ(s0.in_flight_sent, 1);
+  EXPECT_EQ(s1.in_flight_received, 2);  // the timed-out one is still being served too
+  EXPECT_EQ(s1.handler_queue, 0);
+  {
+    std::lock_guard<std::mutex> lock(held.mu);
+    for (auto& f : held.replies) f->markCompleted(message_to_ivalue(Message{kHold, "", {}}));
+  }
+  open->wait();
+  s0 = m0.snapshot();
+  s1 = m1.snapshot();
+  EXPECT_EQ(s0.in_flight_sent, 0);
+  EXPECT_EQ(s1.in_flight_received, 0);
+  EXPECT_EQ(s0.latency["to_here of RRef"].count, 1);
+  EXPECT_EQ(s1.handler_latency["slow"].count, 1);
+}
+
+TEST(ProcessGroupAgent, AProfiledCallChainComesBackWithEveryWorkersSpansOnTheCallersClock) {
+  constexpr int32_t kChain = 52;
+  Agents agents(3);
+  std::vector<std::unique_ptr<Tracer>> tracers;
+  for (int r = 0; r < 3; ++r) {
+    tracers.push_back(std::make_unique<Tracer>());
+    agents[r].set_instruments(nullptr, tracers[r].get());
+  }
+  // w1 serves "chain" by calling w2's echo from its handler thread.
+  RpcAgent* a1 = &agents[1];
+  agents[1].register_handler(kChain, [a1](const WorkerInfo&, Message request) {
+    auto inner = a1->send(a1->worker(2), Message{kEcho, request.payload, {}}, milliseconds(5000), "echo");
+    return inner->then([](c10::ivalue::Future& f) { return f.value(); }, c10::AnyType::get());
+  });
+  agents[2].register_handler(kEcho, echo_handler());
+  for (int r = 0; r < 3; ++r) agents[r].start();
+
+  tracers[0]->start();
+  auto f = agents[0].send(agents[0].worker(1), Message{kChain, "ab", {}}, milliseconds(5000), "chain");
+  f->wait();
+  ASSERT_FALSE(f->hasError());
+  std::vector<TraceEvent> events = tracers[0]->stop();
+
+  // Find each span by (worker, category, name, direction).
+  auto find = [&](int worker, const std::string& cat, const std::string& name, const std::string& direction = "") {
+    const TraceEvent* found = nullptr;
+    for (const auto& e : events) {
+      if (e.worker != worker || e.category != cat || e.name != name) continue;
+      bool dir_ok = direction.empty();
+      for (const auto& [k, v] : e.args) dir_ok = dir_ok || (k == "direction" && v == direction);
+      if (!dir_ok) continue;
+      EXPECT_EQ(found, nullptr) << "two " << cat << " " << name << " on " << worker;
+      found = &e;
+    }
+    EXPECT_NE(found, nullptr) << "no " << cat << " " << name << " " << direction << " on worker " << worker;
+    return found ? *found : TraceEvent{};
+  };
+  ASSERT_EQ(events.size(), 12u);  // 4 on w0, 6 on w1, 2 on w2
+  const TraceEvent call = find(0, "rpc", "chain"), send = find(0, "send", "send"),
+                   req = find(0, "network", "network", "request"), rep = find(0, "network", "network", "reply"),
+                   queue1 = find(1, "queue", "queue"), exec1 = find(1, "execute", "chain"),
+                   call1 = find(1, "rpc", "echo"), send1 = find(1, "send", "send"),
+                   req1 = find(1, "network", "network", "request"), rep1 = find(1, "network", "network", "reply"),
+                   queue2 = find(2, "queue", "queue"), exec2 = find(2, "execute", "echo");
+  auto end = [](const TraceEvent& e) { return e.start_ns + e.duration_ns; };
+  // Each call is its send, request transit, queue, execution and reply transit, back to back.
+  for (const auto& [c, s, rq, q, x, rp] : {std::make_tuple(call, send, req, queue1, exec1, rep),
+                                           std::make_tuple(call1, send1, req1, queue2, exec2, rep1)}) {
+    EXPECT_EQ(s.start_ns, c.start_ns);
+    EXPECT_EQ(rq.start_ns, end(s));
+    EXPECT_EQ(q.start_ns, end(rq));
+    EXPECT_EQ(x.start_ns, end(q));
+    EXPECT_EQ(rp.start_ns, end(x));
+    EXPECT_EQ(end(rp), end(c));
+    EXPECT_EQ(s.duration_ns + rq.duration_ns + q.duration_ns + x.duration_ns + rp.duration_ns, c.duration_ns);
+    for (const auto* e : {&s, &rq, &q, &x, &rp}) EXPECT_GE(e->duration_ns, 0) << e->category;
+  }
+  // The nested call runs inside w1's execution of "chain", on the same thread.
+  EXPECT_GE(call1.start_ns, exec1.start_ns);
+  EXPECT_LE(end(call1), end(exec1));
+  EXPECT_EQ(call1.tid, exec1.tid);
+  EXPECT_EQ(exec1.thread.rfind("handler ", 0), 0u) << exec1.thread;
+  EXPECT_NE(exec1.tid, call.tid);
+
+  // Not profiling: nothing is recorded, nothing asks callees to.
+  EXPECT_FALSE(tracers[0]->active());
+  agents[0].send(agents[0].worker(1), Message{kChain, "cd", {}}, milliseconds(5000), "chain")->wait();
+  EXPECT_TRUE(tracers[0]->stop().empty());
 }
 
 }  // namespace

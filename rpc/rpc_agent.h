@@ -12,6 +12,9 @@
 
 namespace drpc {
 
+class Metrics;
+class Tracer;
+
 // A worker of the job: its unique name and its id (its rank).
 struct WorkerInfo {
   std::string name;
@@ -80,6 +83,10 @@ class RpcAgent {
   // block.
   virtual void register_handler(int32_t type, Handler handler, bool run_inline = false) = 0;
   virtual void add_interceptor(Interceptor interceptor) = 0;
+
+  // Records this agent's calls into `metrics` and, while `tracer` profiles, their spans
+  // (both borrowed and outliving the agent; null: not recorded). Set before start().
+  virtual void set_instruments(Metrics* metrics, Tracer* tracer) = 0;
 
   // Runs `task` on a handler thread, where it may block (unlike future callbacks, which
   // can run on network threads). Dropped after shutdown.

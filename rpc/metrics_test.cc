@@ -1,0 +1,245 @@
+// The metrics registry, its Prometheus text, the tracer's switch, clock alignment and the
+// Chrome trace writer, each on its own.
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "rpc/metrics.h"
+#include "rpc/profiler.h"
+
+namespace drpc {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+
+TEST(LatencyHistogram, BucketsTileTheLineAndQuantilesAreWithinABucket) {
+  // Every value lands in the bucket whose bounds contain it.
+  for (uint64_t v : {0ull, 1ull, 7ull, 8ull, 9ull, 15ull, 16ull, 1000ull, 123456789ull, 1ull << 40, ~0ull}) {
+    const int b = LatencyHistogram::bucket(v);
+    ASSERT_GE(b, 0);
+    ASSERT_LT(b, LatencyHistogram::kBuckets);
+    EXPECT_LE(LatencyHistogram::bucket_lower(b), v) << v;
+    if (b + 1 < LatencyHistogram::kBuckets) {
+      EXPECT_GT(LatencyHistogram::bucket_lower(b + 1), v) << v;
+    }
+  }
+  LatencyHistogram h;
+  EXPECT_EQ(h.quantile(0.5), 0);
+  // 1..100 ms, one each: p50 is 50 ms, p90 90 ms, p99 99 ms, each within 6.25%.
+  for (int i = 1; i <= 100; ++i) h.record(milliseconds(i));
+  EXPECT_EQ(h.count(), 100);
+  EXPECT_NEAR(h.sum_seconds(), 5.050, 1e-9);
+  EXPECT_NEAR(h.quantile(0.5), 0.050, 0.050 * 0.0625);
+  EXPECT_NEAR(h.quantile(0.9), 0.090, 0.090 * 0.0625);
+  EXPECT_NEAR(h.quantile(0.99), 0.099, 0.099 * 0.0625);
+  EXPECT_NEAR(h.quantile(1.0), 0.100, 0.100 * 0.0625);
+}
+
+TEST(LatencyHistogram, ConcurrentRecordsAreAllCounted) {
+  LatencyHistogram h;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 10000; ++i) h.record(microseconds(100));
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(h.count(), 40000);
+  EXPECT_NEAR(h.quantile(0.5), 100e-6, 100e-6 * 0.0625);
+}
+
+TEST(Metrics, CountsByFunctionPeerAndKind) {
+  Metrics m("w0", 0, {"w0", "w1", "w2"});
+  auto* add = m.function("aten::add");
+  EXPECT_EQ(m.function("aten::add"), add);  // one entry per label
+  for (int i = 0; i < 3; ++i) m.call_sent(add, 1);
+  m.call_sent(add, 2);
+  m.call_received(m.function("my.fn"), 2);
+  m.call_sent(add, 7);  // no such peer: ignored, not a crash
+  m.error(true, ErrorKind::kTimeout);
+  m.error(true, ErrorKind::kTimeout);
+  m.error(false, ErrorKind::kRemote);
+  m.bytes_sent(1, 100);
+  m.bytes_received(2, 50);
+  m.reply_received(add, milliseconds(2));
+  m.set_gauge_source([](MetricsSnapshot& s) {
+    s.in_flight_sent = 4;
+    s.handler_queue = 2;
+  });
+  MetricsSnapshot s = m.snapshot();
+  EXPECT_EQ(s.worker, "w0");
+  EXPECT_EQ((s.calls_sent[{"aten::add", "w1"}]), 3);
+  EXPECT_EQ((s.calls_sent[{"aten::add", "w2"}]), 1);
+  EXPECT_EQ((s.calls_received[{"my.fn", "w2"}]), 1);
+  EXPECT_EQ(s.total_calls_sent(), 4);
+  EXPECT_EQ(s.errors_sent["Timeout"], 2);
+  EXPECT_EQ(s.errors_received["Remote"], 1);
+  EXPECT_EQ(s.bytes_sent["w1"], 100);
+  EXPECT_EQ(s.bytes_received["w2"], 50);
+  EXPECT_EQ(s.bytes_sent.count("w0"), 0u);  // never to oneself over the wire
+  EXPECT_EQ(s.latency["aten::add"].count, 1);
+  EXPECT_EQ(s.in_flight_sent, 4);
+  EXPECT_EQ(s.handler_queue, 2);
+  m.set_gauge_source(nullptr);
+  EXPECT_EQ(m.snapshot().in_flight_sent, 0);
+}
+
+TEST(Metrics, FunctionNamesAreBounded) {
+  Metrics m("w0", 0, {"w0", "w1"});
+  for (size_t i = 0; i < Metrics::kMaxFunctions + 50; ++i) m.call_received(m.function("f" + std::to_string(i)), 1);
+  MetricsSnapshot s = m.snapshot();
+  EXPECT_EQ(s.calls_received.size(), Metrics::kMaxFunctions + 1);  // the first ones, and "other"
+  EXPECT_EQ((s.calls_received[{"other", "w1"}]), 50);
+}
+
+TEST(Metrics, LabelsDropRRefIdsAndStayShort) {
+  EXPECT_EQ(function_label("aten::add"), "aten::add");
+  EXPECT_EQ(function_label("to_here of RRef 1:25"), "to_here of RRef");
+  EXPECT_EQ(function_label("my.fn on RRef 0:3"), "my.fn on RRef");
+  EXPECT_EQ(function_label("RRef control message 103"), "RRef control message 103");
+  EXPECT_EQ(function_label("torchscript:model:forward"), "torchscript:model:forward");
+  EXPECT_EQ(function_label(""), "unknown");
+  EXPECT_EQ(function_label(std::string(1000, 'x')).size(), 128u);
+}
+
+TEST(Metrics, PrometheusTextHasEveryFamilyAndEscapesLabels) {
+  Metrics m("w\"0", 0, {"w\"0", "w1"});
+  m.call_sent(m.function("a\\b"), 1);
+  m.reply_received(m.function("a\\b"), milliseconds(3));
+  m.error(true, ErrorKind::kPeerUnavailable);
+  MetricsSnapshot s = m.snapshot();
+  s.rref_owners = 3;
+  s.autograd_contexts = 2;
+  const std::string text = to_prometheus_text(s);
+  for (const char* line : {
+           "# TYPE drpc_rpc_calls_sent_total counter\n",
+           "drpc_rpc_calls_sent_total{worker=\"w\\\"0\",function=\"a\\\\b\",peer=\"w1\"} 1\n",
+           "drpc_rpc_errors_total{worker=\"w\\\"0\",direction=\"sent\",kind=\"PeerUnavailable\"} 1\n",
+           "drpc_rpc_bytes_sent_total{worker=\"w\\\"0\",peer=\"w1\"} 0\n",
+           "drpc_rpc_in_flight{worker=\"w\\\"0\",direction=\"sent\"} 0\n",
+           "drpc_rpc_handler_queue_length{worker=\"w\\\"0\"} 0\n",
+           "# TYPE drpc_rpc_latency_seconds summary\n",
+           "drpc_rpc_latency_seconds_count{worker=\"w\\\"0\",function=\"a\\\\b\"} 1\n",
+           "drpc_rref_owners{worker=\"w\\\"0\"} 3\n",
+           "drpc_autograd_contexts{worker=\"w\\\"0\"} 2\n",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << "missing: " << line << "in:\n" << text;
+  }
+  // Every sample line is "name{labels} value" with a number that parses.
+  size_t samples = 0;
+  for (size_t start = 0; start < text.size();) {
+    const size_t end = text.find('\n', start);
+    ASSERT_NE(end, std::string::npos) << "the text ends with a newline";
+    const std::string line = text.substr(start, end - start);
+    start = end + 1;
+    if (line.empty() || line[0] == '#') continue;
+    ++samples;
+    const size_t space = line.rfind(' ');
+    ASSERT_NE(space, std::string::npos) << line;
+    size_t used = 0;
+    std::stod(line.substr(space + 1), &used);
+    EXPECT_EQ(used, line.size() - space - 1) << line;
+  }
+  EXPECT_GT(samples, 10u);
+  const std::string summary = summary_line(s);
+  EXPECT_NE(summary.find("sent 1 calls (1 failed)"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("a\\b x1"), std::string::npos) << summary;
+}
+
+TEST(Tracer, ActiveOnlyWhileProfilingOrServingAProfiledRequest) {
+  Tracer tracer;
+  EXPECT_FALSE(tracer.active());
+  EXPECT_EQ(tracer.collector_for_send(), nullptr);
+  tracer.start();
+  EXPECT_TRUE(tracer.active());
+  EXPECT_THROW(tracer.start(), Error);
+  auto profile = tracer.collector_for_send();
+  ASSERT_NE(profile, nullptr);
+  profile->add(TraceEvent{"x", "rpc", 0, 1, "main", 10, 5, {}});
+  {
+    auto request = std::make_shared<TraceCollector>();
+    Tracer::Scope scope(&tracer, request);
+    EXPECT_EQ(tracer.collector_for_send(), request);  // this thread serves a profiled request
+    EXPECT_EQ(tracer.serving(), request);
+    std::thread([&] { EXPECT_EQ(tracer.collector_for_send(), profile); }).join();  // others: the profile
+    Tracer other;
+    EXPECT_EQ(other.serving(), nullptr);  // another worker in this process is not serving it
+  }
+  EXPECT_EQ(tracer.serving(), nullptr);
+  auto events = tracer.stop();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].name, "x");
+  EXPECT_FALSE(tracer.active());
+  EXPECT_TRUE(tracer.stop().empty());
+  {
+    auto request = std::make_shared<TraceCollector>();
+    Tracer::Scope scope(&tracer, request);
+    EXPECT_TRUE(tracer.active());  // serving a profiled request for someone else's profile
+  }
+  EXPECT_FALSE(tracer.active());
+}
+
+TEST(Tracer, ClockAlignmentSplitsTheNetworkEvenlyAndAddsUp) {
+  // The callee's clock is 1,000,000 ns ahead; 300 ns each way; 500 ns on the callee.
+  const int64_t sent = 1000, arrival = 1000 + 300 + 1000000, reply = arrival + 500, receipt = 1000 + 300 + 500 + 300;
+  ClockAlignment a = align_clocks(sent, arrival, reply, receipt);
+  EXPECT_EQ(a.offset, 1000000);
+  EXPECT_EQ(a.request_ns, 300);
+  EXPECT_EQ(a.reply_ns, 300);
+  // Odd totals: the halves still add up.
+  a = align_clocks(0, 50, 60, 11);
+  EXPECT_EQ(a.request_ns + (60 - 50) + a.reply_ns, 11);
+  EXPECT_EQ(50 - a.offset, a.request_ns);
+  // A callee interval longer than the round trip (a drifting clock): no negative network.
+  a = align_clocks(0, 0, 100, 50);
+  EXPECT_EQ(a.request_ns, 0);
+  EXPECT_EQ(a.reply_ns, 0);
+}
+
+TEST(ChromeTrace, IsJsonWithProcessesThreadsAndCompleteEvents) {
+  std::vector<TraceEvent> events = {
+      {"f\"n", "rpc", 0, 11, "main", 5000, 3000, {{"to", "w\n1"}}},
+      {"send", "send", 0, 11, "main", 5000, 100, {}},
+      {"f\"n", "execute", 1, 22, "handler 0", 5500, 2000, {}},
+  };
+  const std::string json = to_chrome_trace(events, {"w0", "w1"});
+  google::protobuf::Struct root;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &root).ok()) << json;
+  const auto& list = root.fields().at("traceEvents").list_value().values();
+  int complete = 0, process_names = 0, thread_names = 0;
+  for (const auto& v : list) {
+    const auto& f = v.struct_value().fields();
+    const std::string ph = f.at("ph").string_value();
+    if (ph == "X") {
+      ++complete;
+      if (f.at("cat").string_value() == "rpc") {
+        EXPECT_EQ(f.at("name").string_value(), "f\"n");
+        EXPECT_EQ(f.at("pid").number_value(), 1);  // rank 0
+        EXPECT_EQ(f.at("tid").number_value(), 11);
+        EXPECT_EQ(f.at("ts").number_value(), 0);  // the earliest event
+        EXPECT_EQ(f.at("dur").number_value(), 3);  // us
+        EXPECT_EQ(f.at("args").struct_value().fields().at("to").string_value(), "w\n1");
+      }
+      if (f.at("cat").string_value() == "execute") {
+        EXPECT_EQ(f.at("ts").number_value(), 0.5);
+      }
+    } else if (ph == "M" && f.at("name").string_value() == "process_name") {
+      ++process_names;
+      const double pid = f.at("pid").number_value();
+      EXPECT_EQ(f.at("args").struct_value().fields().at("name").string_value(), pid == 1 ? "w0" : "w1");
+    } else if (ph == "M" && f.at("name").string_value() == "thread_name") {
+      ++thread_names;
+    }
+  }
+  EXPECT_EQ(complete, 3);
+  EXPECT_EQ(process_names, 2);
+  EXPECT_EQ(thread_names, 2);
+}
+
+}  // namespace
+}  // namespace drpc
