@@ -131,6 +131,7 @@ class RuntimeImpl final : public Runtime {
       seen[other] = r;
       workers.push_back(WorkerInfo{other, r});
     }
+    user_store_ = create_prefix_store("user", *store);
     auto pg_store = create_prefix_store("pg", *store);
     GrpcProcessGroupOptions pg;
     pg.listen_host = options.listen_host;
@@ -207,6 +208,7 @@ class RuntimeImpl final : public Runtime {
   FunctionRegistry& functions() override { return functions_; }
   RpcAgent& agent() override { return *agent_; }
   ProcessGroup& process_group() override { return *group_; }
+  Store& store() override { return *user_store_; }
 
   MetricsSnapshot metrics() override {
     MetricsSnapshot s = metrics_->snapshot();
@@ -314,6 +316,7 @@ class RuntimeImpl final : public Runtime {
   const Options options_;
   std::unique_ptr<StoreServer> store_server_;
   std::unique_ptr<Store> owned_store_;
+  std::unique_ptr<Store> user_store_;  // over the job's store (owned or borrowed)
   std::unique_ptr<ProcessGroup> group_;
   FunctionRegistry functions_;
   // Before the agent, which records into them until it is destroyed.

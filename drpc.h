@@ -96,6 +96,10 @@ class Runtime {
   virtual FunctionRegistry& functions() = 0;
   virtual RpcAgent& agent() = 0;
   virtual ProcessGroup& process_group() = 0;
+  // The job's rendezvous store, for the user's own coordination (keys live under
+  // "user/"). Once the master hosting it is gone, its calls throw kPeerUnavailable naming
+  // the store's address; RPCs between the remaining workers go on.
+  virtual Store& store() = 0;
   // This worker's metrics now (see MetricsSnapshot); also after shutdown.
   virtual MetricsSnapshot metrics() = 0;
   // This worker's profiling switch (see Profiler).

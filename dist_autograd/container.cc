@@ -73,6 +73,10 @@ class Container final : public AutogradContainer, public std::enable_shared_from
                             [self](const WorkerInfo& from, Message m) { return self->on_backward(from, std::move(m)); });
     agent_.register_handler(kAutogradRelease,
                             [self](const WorkerInfo& from, Message m) { return self->on_release(from, std::move(m)); });
+    std::weak_ptr<Container> weak = self;
+    agent_.add_peer_failure_listener([weak](const WorkerInfo& peer, const Error&) {
+      if (auto container = weak.lock()) container->reclaim_contexts_of(peer);
+    });
     reaper_ = std::thread([this] { reap_orphans(); });
   }
 
@@ -345,8 +349,29 @@ class Container final : public AutogradContainer, public std::enable_shared_from
     context.last_used_ns = std::chrono::steady_clock::now().time_since_epoch().count();
   }
 
-  // Contexts created elsewhere and unused for orphan_ttl_ are dropped: nobody will
-  // release them once their creator is gone.
+  // Contexts `creator` made can never be released by it now: drop them here at once
+  // (a backward still running in one keeps it alive until it ends).
+  void reclaim_contexts_of(const WorkerInfo& creator) {
+    std::vector<std::shared_ptr<Context>> dropped;  // freed outside the lock
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = contexts_.begin(); it != contexts_.end();) {
+        if ((it->first >> 48) == creator.id) {
+          dropped.push_back(std::move(it->second));
+          it = contexts_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    if (!dropped.empty()) {
+      LOG(WARNING) << agent_.self().name << ": " << creator.name << " is gone: reclaimed the " << dropped.size()
+                   << " autograd contexts it created";
+    }
+  }
+
+  // Contexts created elsewhere and unused for orphan_ttl_ are dropped: a safety net for
+  // creators that vanish without this worker noticing.
   void reap_orphans() {
     const auto period = std::max(orphan_ttl_ / 4, std::chrono::milliseconds(1));
     std::unique_lock<std::mutex> lock(mu_);

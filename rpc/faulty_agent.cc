@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <random>
 #include <thread>
 
 namespace drpc {
@@ -11,7 +12,8 @@ using Clock = std::chrono::steady_clock;
 
 class FaultyAgent final : public RpcAgent {
  public:
-  FaultyAgent(std::unique_ptr<RpcAgent> inner, Faults faults) : inner_(std::move(inner)), faults_(std::move(faults)) {
+  FaultyAgent(std::unique_ptr<RpcAgent> inner, Faults faults)
+      : inner_(std::move(inner)), faults_(std::move(faults)), random_(faults_.seed) {
     delayer_ = std::thread([this] { delay_loop(); });
   }
   ~FaultyAgent() override {
@@ -32,6 +34,9 @@ class FaultyAgent final : public RpcAgent {
     inner_->register_handler(type, std::move(handler), run_inline);
   }
   void add_interceptor(Interceptor interceptor) override { inner_->add_interceptor(std::move(interceptor)); }
+  void add_peer_failure_listener(PeerFailureListener listener) override {
+    inner_->add_peer_failure_listener(std::move(listener));
+  }
   void set_instruments(Metrics* metrics, Tracer* tracer) override { inner_->set_instruments(metrics, tracer); }
   void start() override { inner_->start(); }
   void run_on_pool(std::function<void()> task) override { inner_->run_on_pool(std::move(task)); }
@@ -59,15 +64,38 @@ class FaultyAgent final : public RpcAgent {
       future->setError(std::make_exception_ptr(Error(ErrorKind::kTimeout, what + " was dropped by the faulty agent")));
       return future;
     }
-    auto delay = faults_.delay.find(request.type);
-    if (delay == faults_.delay.end()) {
+    if (chance(faults_.drop_probability, request.type)) {
+      ++dropped_;
       lock.unlock();
-      return inner_->send(to, std::move(request), timeout, what);
+      auto future = make_message_future();
+      future->setError(std::make_exception_ptr(Error(ErrorKind::kTimeout, what + " was dropped by the faulty agent")));
+      return future;
     }
-    auto future = make_message_future();
-    delayed_.emplace(Clock::now() + delay->second, Delayed{to, std::move(request), timeout, what, future});
-    cv_.notify_all();
-    return future;
+    const bool lose_reply = chance(faults_.lose_reply_probability, request.type);
+    std::chrono::milliseconds hold{0};
+    auto delay = faults_.delay.find(request.type);
+    if (delay != faults_.delay.end()) hold = delay->second;
+    auto random_delay = faults_.max_random_delay.find(request.type);
+    if (random_delay != faults_.max_random_delay.end()) {
+      hold += std::chrono::milliseconds(
+          std::uniform_int_distribution<int64_t>(0, random_delay->second.count())(random_));
+    }
+    FuturePtr future;
+    if (hold.count() == 0) {
+      lock.unlock();
+      future = inner_->send(to, std::move(request), timeout, what);
+    } else {
+      future = make_message_future();
+      delayed_.emplace(Clock::now() + hold, Delayed{to, std::move(request), timeout, what, future});
+      cv_.notify_all();
+      lock.unlock();
+    }
+    if (!lose_reply) return future;
+    auto lost = make_message_future();
+    future->addCallback([lost, what](c10::ivalue::Future&) {
+      lost->setError(std::make_exception_ptr(Error(ErrorKind::kTimeout, "the reply to " + what + " was lost by the faulty agent")));
+    });
+    return lost;
   }
 
  private:
@@ -112,12 +140,19 @@ class FaultyAgent final : public RpcAgent {
     }
   }
 
+  // Draws whether a fault of probability table[type] happens. Called under mu_.
+  bool chance(const std::map<int32_t, double>& table, int32_t type) {
+    auto it = table.find(type);
+    return it != table.end() && std::uniform_real_distribution<double>(0, 1)(random_) < it->second;
+  }
+
   std::unique_ptr<RpcAgent> inner_;
   std::thread delayer_;
   std::mutex mu_;
   std::condition_variable cv_;
   // Guarded by mu_.
   Faults faults_;
+  std::mt19937_64 random_;
   std::multimap<Clock::time_point, Delayed> delayed_;
   int dropped_ = 0;
   bool stopped_ = false;

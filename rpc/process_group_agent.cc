@@ -124,6 +124,9 @@ class ProcessGroupAgent final : public RpcAgent {
       s.handler_queue = static_cast<int64_t>(queue_.size());
     });
   }
+  void add_peer_failure_listener(PeerFailureListener listener) override {
+    peer_failure_listeners_.push_back(std::move(listener));
+  }
 
   FuturePtr send(const WorkerInfo& to, Message request, milliseconds timeout, const std::string& what) override {
     const int64_t start_ns = steady_now_ns();
@@ -424,6 +427,8 @@ class ProcessGroupAgent final : public RpcAgent {
       }
     }
     idle_cv_.notify_all();
+    // Listeners first: whoever sees a call fail then also sees the layers' cleanup done.
+    for (const auto& listener : peer_failure_listeners_) listener(workers_[rank], reason);
     for (auto& p : failed) {
       call_failed(p, ErrorKind::kPeerUnavailable);
       p.future->setErrorIfNeeded(std::make_exception_ptr(
@@ -657,6 +662,7 @@ class ProcessGroupAgent final : public RpcAgent {
   std::map<int32_t, Handler> handlers_;       // set before start()
   std::set<int32_t> inline_types_;            // set before start()
   std::vector<Interceptor> interceptors_;     // set before start()
+  std::vector<PeerFailureListener> peer_failure_listeners_;  // set before start()
   std::atomic<int64_t> next_id_{1};
   std::thread timer_;
   std::vector<std::thread> pool_;

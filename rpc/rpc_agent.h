@@ -84,6 +84,13 @@ class RpcAgent {
   virtual void register_handler(int32_t type, Handler handler, bool run_inline = false) = 0;
   virtual void add_interceptor(Interceptor interceptor) = 0;
 
+  // Called once per peer that is gone (its connection broke, it went silent past the
+  // heartbeat window, or it shut down: the reason says which), before the calls pending
+  // to it fail, so their callers see the cleanup done. Runs on a network or timer
+  // thread: it must not block. Add before start().
+  using PeerFailureListener = std::function<void(const WorkerInfo& peer, const Error& reason)>;
+  virtual void add_peer_failure_listener(PeerFailureListener listener) = 0;
+
   // Records this agent's calls into `metrics` and, while `tracer` profiles, their spans
   // (both borrowed and outliving the agent; null: not recorded). Set before start().
   virtual void set_instruments(Metrics* metrics, Tracer* tracer) = 0;

@@ -111,6 +111,9 @@ class OwnerRRef final : public RRefImpl {
 
   const Id& id() const { return id_; }
   const FuturePtr& value_future() const { return value_; }
+  // The value is given once, by make_local or by the one remote call naming this id;
+  // false if it already was (a peer repeated an id: completing twice would throw).
+  bool claim_value() { return !value_claimed_.exchange(true); }
 
  private:
   std::weak_ptr<ContextImpl> context_;
@@ -118,6 +121,7 @@ class OwnerRRef final : public RRefImpl {
   const WorkerInfo self_;
   FuturePtr value_ = any_future();
   std::atomic<bool> released_{false};
+  std::atomic<bool> value_claimed_{false};
 };
 
 class UserRRef final : public RRefImpl {
@@ -175,6 +179,9 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     agent_.register_handler(kRRefForkRequest, handler(&ContextImpl::on_fork_request), true);
     agent_.register_handler(kRRefChildAccept, handler(&ContextImpl::on_child_accept), true);
     agent_.register_handler(kRRefApply, handler(&ContextImpl::on_apply), true);
+    agent_.add_peer_failure_listener([this](const WorkerInfo& peer, const Error& reason) {
+      on_peer_failed(peer, reason);
+    });
     retry_thread_ = std::thread([this] { retry_loop(); });
   }
 
@@ -186,6 +193,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
 
   RRef make_local(c10::IValue value) override {
     auto owner = new_owner(next_id());
+    owner->claim_value();
     owner->value_future()->markCompleted(std::move(value));
     return RRef(owner);
   }
@@ -265,7 +273,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     std::vector<std::string> out;
     for (const auto& [id, owner] : owners_) {
       std::string forks;
-      for (const auto& f : forks_[id]) forks += (forks.empty() ? "" : ", ") + f.str();
+      for (const auto& [f, holder] : forks_[id]) forks += (forks.empty() ? "" : ", ") + f.str();
       out.push_back("RRef " + id.str() + " still referenced by forks " + forks);
     }
     return out;
@@ -319,6 +327,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
   }
 
   c10::IValue fetch(const UserRRef& user, milliseconds timeout) {
+    check_owner_alive(user.owner_info(), user.rref());
     if (timeout.count() < 0) timeout = agent_.default_timeout();
     rref::Control control;
     to_proto(user.rref(), control.mutable_rref());
@@ -334,6 +343,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
 
   FuturePtr apply_remote(const WorkerInfo& owner, const Id& rref, const std::string& fn,
                          std::vector<c10::IValue> args, Kwargs kwargs, milliseconds timeout) {
+    check_owner_alive(owner, rref);
     if (timeout.count() < 0) timeout = agent_.default_timeout();
     rref::RemoteCall call;
     to_proto(rref, call.mutable_rref());
@@ -418,7 +428,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
         to_proto(fork, data.mutable_fork());
         std::lock_guard<std::mutex> lock(mu_);
         owners_[owner->id()] = owner;  // the owner shares: the fork is known at once
-        forks_[owner->id()].insert(fork);
+        forks_[owner->id()].emplace(fork, peer);
       }
       return data;
     }
@@ -429,7 +439,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     to_proto(fork, data.mutable_fork());
     std::lock_guard<std::mutex> lock(mu_);
     // Keep this reference alive until the owner has confirmed the child.
-    pending_children_[fork] = impl;
+    pending_children_[fork] = PendingChild{impl, peer};
     return data;
   }
 
@@ -493,10 +503,13 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     if (!call.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed remote call");
     const Id rref = from_proto(call.rref());
     auto owner = get_or_create_owner(rref);
+    if (!owner->claim_value()) {
+      throw Error(ErrorKind::kProtocol, "remote call for RRef " + rref.str() + ", which already has a value");
+    }
     if (call.has_fork()) {
       std::lock_guard<std::mutex> lock(mu_);
       owners_[rref] = owner;
-      forks_[rref].insert(from_proto(call.fork()));
+      forks_[rref].emplace(from_proto(call.fork()), from.id);
     }
     std::vector<c10::IValue> args;
     Kwargs kwargs;
@@ -584,14 +597,14 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     return completed_message(Message{kRRefUserDelete, "", {}});
   }
 
-  FuturePtr on_fork_request(const WorkerInfo&, Message m) {
+  FuturePtr on_fork_request(const WorkerInfo& from, Message m) {
     rref::Control control;
     if (!control.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed fork request");
     const Id rref = from_proto(control.rref());
     auto owner = get_or_create_owner(rref);
     std::lock_guard<std::mutex> lock(mu_);
     owners_[rref] = owner;
-    forks_[rref].insert(from_proto(control.fork()));  // idempotent
+    forks_[rref].emplace(from_proto(control.fork()), from.id);  // idempotent
     return completed_message(Message{kRRefForkRequest, "", {}});
   }
 
@@ -603,12 +616,96 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
       std::lock_guard<std::mutex> lock(mu_);
       auto it = pending_children_.find(from_proto(control.fork()));
       if (it != pending_children_.end()) {
-        child = std::move(it->second);
+        child = std::move(it->second.rref);
         pending_children_.erase(it);
       }
     }
     changed_.notify_all();
     return completed_message(Message{kRRefChildAccept, "", {}});
+  }
+
+  // --- a worker is gone ------------------------------------------------------------------
+  // Its references to values owned here are dropped (it can never delete them), values
+  // it owns become unusable here with an error naming it, and nothing waits for it.
+  void on_peer_failed(const WorkerInfo& peer, const Error& reason) {
+    std::vector<c10::intrusive_ptr<OwnerRRef>> dropped;        // released outside the lock
+    std::vector<c10::intrusive_ptr<RRefImpl>> children;        // likewise
+    std::vector<FuturePtr> unconfirmed;
+    int forks_dropped = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_ || failed_workers_.count(peer.id)) return;
+      failed_workers_[peer.id] = reason.message();
+      for (auto rref = forks_.begin(); rref != forks_.end();) {
+        for (auto fork = rref->second.begin(); fork != rref->second.end();) {
+          if (fork->second == peer.id) {
+            fork = rref->second.erase(fork);
+            ++forks_dropped;
+          } else {
+            ++fork;
+          }
+        }
+        if (!rref->second.empty()) {
+          ++rref;
+          continue;
+        }
+        auto owner = owners_.find(rref->first);
+        if (owner != owners_.end()) {
+          dropped.push_back(std::move(owner->second));
+          owners_.erase(owner);
+        }
+        rref = forks_.erase(rref);
+      }
+      for (auto it = users_.begin(); it != users_.end();) {
+        UserState& user = it->second;
+        if (user.owner != peer.id) {
+          ++it;
+          continue;
+        }
+        if (!user.confirmed) unconfirmed.push_back(user.confirmation);
+        user.confirmed = true;
+        user.released = true;  // no delete can reach a gone owner
+        it = user.alive ? std::next(it) : users_.erase(it);
+      }
+      for (auto it = pending_children_.begin(); it != pending_children_.end();) {
+        auto user = intrusive_cast<UserRRef>(it->second.rref);
+        if (it->second.child == peer.id || (user && user->owner_info().id == peer.id)) {
+          children.push_back(std::move(it->second.rref));
+          it = pending_children_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (auto it = fork_parents_.begin(); it != fork_parents_.end();) {
+        it = it->second == peer.id ? fork_parents_.erase(it) : std::next(it);
+      }
+      for (auto it = retries_.begin(); it != retries_.end();) {
+        if (it->second.to == peer.id) {
+          --controls_in_flight_;
+          it = retries_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    changed_.notify_all();
+    const auto lost = std::make_exception_ptr(Error(
+        ErrorKind::kPeerUnavailable, "the owner of this RRef, " + peer.name + ", is gone (" + reason.message() + ")"));
+    for (auto& f : unconfirmed) f->setErrorIfNeeded(lost);
+    if (forks_dropped || !dropped.empty()) {
+      LOG(WARNING) << self().name << ": " << peer.name << " is gone: dropped its " << forks_dropped
+                   << " references to RRefs owned here (" << dropped.size() << " values freed)";
+    }
+  }
+
+  // Throws kPeerUnavailable naming the owner when it is gone.
+  void check_owner_alive(const WorkerInfo& owner, const Id& rref) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = failed_workers_.find(owner.id);
+    if (it != failed_workers_.end()) {
+      throw Error(ErrorKind::kPeerUnavailable,
+                  "RRef " + rref.str() + " is lost: its owner " + owner.name + " is gone (" + it->second + ")");
+    }
   }
 
   // --- helpers ----------------------------------------------------------------------------
@@ -679,6 +776,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
   };
 
   void send_control_locked(int to, int32_t type, const Id& rref, const Id& fork) {
+    if (failed_workers_.count(to)) return;  // nobody there to tell
     ++controls_in_flight_;
     retries_.emplace(Clock::now(), Control{to, type, rref, fork, 0});
     changed_.notify_all();
@@ -771,7 +869,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
   std::condition_variable changed_;
   // Guarded by mu_.
   std::map<Id, c10::intrusive_ptr<OwnerRRef>> owners_;            // owned, referenced by forks
-  std::map<Id, std::set<Id>> forks_;                                // owned rref -> user forks
+  std::map<Id, std::map<Id, int>> forks_;                           // owned rref -> user fork -> holder
   std::map<Id, c10::weak_intrusive_ptr<OwnerRRef>> all_owners_;    // every live owner record
   struct UserState {
     Id rref;
@@ -782,7 +880,12 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     bool released = false;   // release_all sent its delete
   };
   std::map<Id, UserState> users_;                                   // fork -> user reference
-  std::map<Id, c10::intrusive_ptr<RRefImpl>> pending_children_;    // forks awaiting the owner
+  struct PendingChild {
+    c10::intrusive_ptr<RRefImpl> rref;  // kept alive until the child is confirmed
+    int child = -1;
+  };
+  std::map<Id, PendingChild> pending_children_;                     // forks awaiting the owner
+  std::map<int, std::string> failed_workers_;                       // id -> why it is gone
   std::map<Id, int> fork_parents_;                                  // received fork -> who shared it
   std::multimap<Clock::time_point, Control> retries_;
   int64_t controls_in_flight_ = 0;
