@@ -2,6 +2,7 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -60,6 +61,10 @@ void Frame::copy_body(size_t offset, void* dst, size_t len) const {
 }
 
 void describe_tensors(const std::vector<at::Tensor>& tensors, pg::FrameHeader* header) {
+  if (tensors.size() > static_cast<size_t>(kMaxFrameTensors)) {
+    throw Error(ErrorKind::kBadArgument, "a frame carries at most " + std::to_string(kMaxFrameTensors) +
+                                             " tensors, got " + std::to_string(tensors.size()));
+  }
   for (const auto& t : tensors) {
     pg::TensorMeta* meta = header->add_tensors();
     meta->set_dtype(static_cast<int32_t>(t.scalar_type()));
@@ -69,6 +74,11 @@ void describe_tensors(const std::vector<at::Tensor>& tensors, pg::FrameHeader* h
 }
 
 void validate_frame(const pg::FrameHeader& header, size_t body_size) {
+  if (header.tensors_size() > kMaxFrameTensors) {
+    throw Error(ErrorKind::kProtocol, "frame lists " + std::to_string(header.tensors_size()) +
+                                          " tensors, more than the " + std::to_string(kMaxFrameTensors) +
+                                          " a frame may carry");
+  }
   unsigned __int128 total = 0;
   for (int i = 0; i < header.tensors_size(); ++i) {
     const pg::TensorMeta& meta = header.tensors(i);
@@ -80,11 +90,18 @@ void validate_frame(const pg::FrameHeader& header, size_t body_size) {
       throw Error(ErrorKind::kProtocol, which + "more than " + std::to_string(kMaxDims) + " dims");
     }
     unsigned __int128 bytes = c10::elementSize(static_cast<c10::ScalarType>(meta.dtype()));
+    // Zero dims make the byte count 0 whatever the others say, but libtorch still computes
+    // strides from the others (in int64, unchecked): bound their product too.
+    unsigned __int128 extent = 1;
     for (int64_t size : meta.sizes()) {
       if (size < 0) throw Error(ErrorKind::kProtocol, which + "negative size");
       bytes *= static_cast<uint64_t>(size);
       if (bytes > std::numeric_limits<uint64_t>::max()) {
         throw Error(ErrorKind::kProtocol, which + "size overflows");
+      }
+      extent *= static_cast<uint64_t>(std::max<int64_t>(size, 1));
+      if (extent > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        throw Error(ErrorKind::kProtocol, which + "shape " + describe_meta(meta) + " has more elements than int64 counts");
       }
     }
     if (bytes != meta.nbytes()) {
@@ -169,11 +186,14 @@ std::vector<Frame> decode_wire_frames(const std::vector<ByteSpan>& pieces, std::
       throw Error(ErrorKind::kProtocol, "frame header is not a valid FrameHeader");
     }
     uint64_t body_size = 0;
-    for (const auto& meta : frame.header.tensors()) {
-      if (meta.nbytes() > total - offset - body_size) {
-        throw Error(ErrorKind::kProtocol, "frame claims more tensor bytes than the message holds");
+    for (int i = 0; i < frame.header.tensors_size(); ++i) {
+      const uint64_t nbytes = frame.header.tensors(i).nbytes();
+      if (nbytes > total - offset - body_size) {
+        throw Error(ErrorKind::kProtocol, "frame tensor " + std::to_string(i) + " claims " + std::to_string(nbytes) +
+                                              " bytes but the message holds only " +
+                                              std::to_string(total - offset - body_size) + " more");
       }
-      body_size += meta.nbytes();
+      body_size += nbytes;
     }
     validate_frame(frame.header, body_size);  // metas consistent with their byte counts
     // The body: the spans of `all` covering [offset, offset + body_size).

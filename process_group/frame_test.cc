@@ -1,7 +1,9 @@
 // The frame format's checks on what arrives from the network, and in-place receives.
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/tensor.h>
 #include <gtest/gtest.h>
 
 #include "process_group/transport.h"
@@ -15,6 +17,32 @@ pg::TensorMeta meta(c10::ScalarType dtype, std::vector<int64_t> sizes, uint64_t 
   for (auto s : sizes) m.add_sizes(s);
   m.set_nbytes(nbytes);
   return m;
+}
+
+// The error validate_frame throws, or kInternal with an empty message for none.
+Error error_of(const pg::FrameHeader& header, size_t body) {
+  try {
+    validate_frame(header, body);
+  } catch (const Error& e) {
+    return e;
+  }
+  return Error(ErrorKind::kInternal, "");
+}
+
+// [u32 header length][header][body], as the gRPC transport writes a frame.
+std::string wire(const pg::FrameHeader& header, const std::string& body) {
+  const std::string head = header.SerializeAsString();
+  const uint32_t len = static_cast<uint32_t>(head.size());
+  return std::string(reinterpret_cast<const char*>(&len), 4) + head + body;
+}
+
+Error decode_error(const std::string& bytes) {
+  try {
+    decode_wire_frames({ByteSpan{reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}}, nullptr, 0);
+  } catch (const Error& e) {
+    return e;
+  }
+  return Error(ErrorKind::kInternal, "");
 }
 
 ErrorKind kind_of(const pg::FrameHeader& header, size_t body) {
@@ -51,6 +79,86 @@ TEST(Frame, HeadersThatLieAboutSizesAreProtocolErrors) {
   pg::FrameHeader bad_dtype;
   *bad_dtype.add_tensors() = meta(static_cast<c10::ScalarType>(99), {1}, 4);
   EXPECT_EQ(kind_of(bad_dtype, 4), ErrorKind::kProtocol);
+}
+
+TEST(Frame, AZeroDimDoesNotHideAShapeLibtorchCannotIndex) {
+  // 0 bytes, but at::empty would compute strides of 2^124 elements (overflowing int64).
+  pg::FrameHeader header;
+  *header.add_tensors() = meta(at::kFloat, {0, int64_t{1} << 62, int64_t{1} << 62}, 0);
+  Error e = error_of(header, 0);
+  EXPECT_EQ(e.kind(), ErrorKind::kProtocol);
+  EXPECT_EQ(e.message(), "frame tensor 0: shape Float[0, 4611686018427387904, 4611686018427387904] has more "
+                         "elements than int64 counts");
+
+  pg::FrameHeader fine;  // large but countable empty shapes are tensors like any other
+  *fine.add_tensors() = meta(at::kFloat, {0, int64_t{1} << 31, int64_t{1} << 31}, 0);
+  EXPECT_EQ(kind_of(fine, 0), ErrorKind::kInternal);
+}
+
+TEST(Frame, TheTensorCountIsBoundedBeforeAnyIsMade) {
+  pg::FrameHeader header;
+  for (int i = 0; i <= kMaxFrameTensors; ++i) *header.add_tensors() = meta(at::kFloat, {0}, 0);
+  Error e = error_of(header, 0);
+  EXPECT_EQ(e.kind(), ErrorKind::kProtocol);
+  EXPECT_EQ(e.message(), "frame lists 65537 tensors, more than the 65536 a frame may carry");
+  header.mutable_tensors()->RemoveLast();
+  EXPECT_EQ(kind_of(header, 0), ErrorKind::kInternal);
+
+  // A sender learns it at once, instead of its peer closing the connection.
+  std::vector<at::Tensor> many(kMaxFrameTensors + 1, at::empty({0}));
+  pg::FrameHeader out;
+  try {
+    describe_tensors(many, &out);
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::kBadArgument);
+    EXPECT_EQ(error.message(), "a frame carries at most 65536 tensors, got 65537");
+  }
+}
+
+TEST(Frame, TheWireDecoderNamesAClaimItCannotHold) {
+  pg::FrameHeader huge;  // 1 TiB claimed, 16 bytes sent: an error before any allocation
+  huge.set_kind(pg::FrameHeader::MESSAGE);
+  *huge.add_tensors() = meta(at::kFloat, {int64_t{1} << 38}, uint64_t{1} << 40);
+  Error e = decode_error(wire(huge, std::string(16, 'x')));
+  EXPECT_EQ(e.kind(), ErrorKind::kProtocol);
+  EXPECT_EQ(e.message(), "frame tensor 0 claims 1099511627776 bytes but the message holds only 16 more");
+
+  e = decode_error(std::string("\xff\xff\xff\x00" "abc", 7));  // a 16 MiB header in a 7-byte message
+  EXPECT_EQ(e.kind(), ErrorKind::kProtocol);
+  EXPECT_EQ(e.message(), "frame header length 16777215 exceeds the message (7 bytes)");
+
+  e = decode_error(std::string("\x01\x00", 2));
+  EXPECT_EQ(e.kind(), ErrorKind::kProtocol);
+  EXPECT_EQ(e.message(), "frame shorter than its length prefix");
+
+  e = decode_error(wire(huge, "").substr(0, 4) + std::string(wire(huge, "").size() - 4, '\x07'));
+  EXPECT_EQ(e.kind(), ErrorKind::kProtocol);
+  EXPECT_EQ(e.message(), "frame header is not a valid FrameHeader");
+}
+
+TEST(Frame, TheWireDecoderReadsFramesAcrossSlices) {
+  pg::FrameHeader first;
+  first.set_kind(pg::FrameHeader::P2P);
+  first.set_tag(7);
+  *first.add_tensors() = meta(at::kInt, {3}, 12);
+  pg::FrameHeader second;
+  second.set_kind(pg::FrameHeader::GOODBYE);
+  const int32_t values[3] = {1, -2, 3};
+  const std::string bytes = wire(first, std::string(reinterpret_cast<const char*>(values), 12)) + wire(second, "");
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  // Cut inside the length prefix, the header and the body.
+  std::vector<ByteSpan> pieces = {{data, 2}, {data + 2, 5}, {data + 7, bytes.size() - 13}, {data + bytes.size() - 6, 6}};
+  auto keepalive = std::make_shared<int>(0);
+  std::vector<Frame> frames = decode_wire_frames(pieces, keepalive, 3);
+  ASSERT_EQ(frames.size(), 2u);
+  EXPECT_EQ(frames[0].source, 3);
+  EXPECT_EQ(frames[0].header.tag(), 7);
+  EXPECT_EQ(frames[0].keepalive, keepalive);
+  at::Tensor t = tensor_from_body(frames[0], frames[0].header.tensors(0), 0);
+  EXPECT_TRUE(at::equal(t, at::tensor({1, -2, 3}, at::kInt)));
+  EXPECT_EQ(frames[1].header.kind(), pg::FrameHeader::GOODBYE);
+  EXPECT_EQ(frames[1].body_size(), 0u);
 }
 
 TEST(Frame, LargeTensorsInOneAlignedPieceAreUsedInPlace) {

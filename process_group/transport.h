@@ -71,11 +71,17 @@ class Transport {
   virtual void shutdown() = 0;
 };
 
-// Fills header->tensors with the dtype, shape and byte count of each tensor.
+// The most tensors one frame may carry. A meta is a few header bytes but its tensor costs
+// hundreds, so a receiver bounds the count before materialising any.
+constexpr int kMaxFrameTensors = 1 << 16;
+
+// Fills header->tensors with the dtype, shape and byte count of each tensor. Throws
+// kBadArgument for more than kMaxFrameTensors tensors.
 void describe_tensors(const std::vector<at::Tensor>& tensors, pg::FrameHeader* header);
 
-// Checks that a frame's tensor metas are well formed and that their bytes add up to
-// `body_size` exactly; throws kProtocol naming what is wrong. Run on every frame that
+// Checks that a frame's tensor metas are well formed (known dtype, at most 64 dims, a shape
+// whose element count fits int64 even past a zero dim, at most kMaxFrameTensors) and that
+// their bytes add up to `body_size` exactly; throws kProtocol naming what is wrong. Run on every frame that
 // arrives from the network, before anything is allocated for it.
 void validate_frame(const pg::FrameHeader& header, size_t body_size);
 
