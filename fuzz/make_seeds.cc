@@ -1,0 +1,212 @@
+// Writes the fuzz targets' seed corpora: real encodings made by drpc's own code. The RRef
+// and autograd seeds are the messages that actually reach worker0 of a World while it
+// builds its state and exercises the protocols over it (see world.h), so they refer to
+// ids the fuzzers' Worlds have too. Run once, check in what it writes:
+//   bazel run //fuzz:make_seeds        (writes fuzz/corpus/<target>/ in the workspace)
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/tensor.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "dist_autograd/dist_autograd.h"
+#include "fuzz/world.h"
+#include "process_group/transport.h"
+#include "rpc/value_codec.h"
+#include "rref/rref_context.h"
+
+namespace drpc {
+namespace fuzz {
+namespace {
+
+namespace fs = std::filesystem;
+
+// [u32 little-endian header length][FrameHeader][tensor bytes]: the wire format that
+// process_group/frame.cc decodes (the gRPC transport writes the same, in slices).
+std::string wire_frame(pg::FrameHeader header, const std::vector<at::Tensor>& tensors) {
+  describe_tensors(tensors, &header);
+  const std::string head = header.SerializeAsString();
+  const uint32_t len = static_cast<uint32_t>(head.size());
+  std::string out(reinterpret_cast<const char*>(&len), 4);
+  out += head;
+  for (const auto& t : tensors) out.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  return out;
+}
+
+// A message as rank 1's process group would frame it: the agent's envelope (as
+// ProcessGroupAgent writes a request) with the tensors beside it.
+std::string wire_message(const Message& m) {
+  rpc::Envelope envelope;
+  envelope.set_type(m.type);
+  envelope.set_id(kInjectedRequestId);
+  envelope.set_payload(m.payload);
+  if (m.autograd_context >= 0) {
+    envelope.set_autograd_context(m.autograd_context + 1);
+    envelope.set_autograd_message(m.autograd_message);
+    for (bool r : m.requires_grad) envelope.add_requires_grad(r);
+  }
+  pg::FrameHeader header;
+  header.set_kind(pg::FrameHeader::MESSAGE);
+  header.set_payload(envelope.SerializeAsString());
+  std::vector<at::Tensor> tensors;
+  for (const auto& t : m.tensors) tensors.push_back(t.contiguous());
+  return wire_frame(std::move(header), tensors);
+}
+
+void write(const fs::path& dir, const std::string& name, const std::string& bytes) {
+  fs::create_directories(dir);
+  std::ofstream(dir / name, std::ios::binary) << bytes;
+  std::cout << (dir / name).string() << " (" << bytes.size() << " bytes)\n";
+}
+
+std::string type_name(int32_t type) {
+  static const std::map<int32_t, std::string> names = {
+      {kRRefRemoteCall, "remote_call"}, {kRRefFetch, "fetch"},         {kRRefUserDelete, "user_delete"},
+      {kRRefForkRequest, "fork_request"}, {kRRefChildAccept, "child_accept"}, {kRRefApply, "apply"},
+      {kAutogradBackward, "backward"},  {kAutogradRelease, "release"}};
+  auto it = names.find(type);
+  return it == names.end() ? "type" + std::to_string(type) : it->second;
+}
+
+// The messages that reach worker0, each kind once (first seen), with or without tensors.
+std::vector<Message> record_traffic() {
+  std::mutex mu;
+  std::vector<Message> seen;
+  std::set<std::string> kinds;
+  {
+    World world([&](const WorkerInfo&, const Message& m) {
+      const std::string kind = std::to_string(m.type) + "/" + std::to_string(m.tensors.size()) + "/" +
+                               std::to_string(m.autograd_context >= 0) + "/" + std::to_string(m.payload.empty());
+      std::lock_guard<std::mutex> lock(mu);
+      if (!kinds.insert(kind).second) return;
+      Message copy = m;
+      for (auto& t : copy.tensors) t = t.detach().clone();
+      seen.push_back(std::move(copy));
+    });
+    world.build_state();
+    world.exercise();
+  }
+  return seen;
+}
+
+void frame_seeds(const fs::path& dir, const std::vector<Message>& traffic) {
+  int n = 0;
+  for (const auto& m : traffic) {
+    if ((m.type == kRRefRemoteCall || m.type == kAutogradBackward) && !m.tensors.empty()) {
+      write(dir, "message_" + type_name(m.type) + "_" + std::to_string(n++), wire_message(m));
+    }
+  }
+  pg::FrameHeader p2p;
+  p2p.set_kind(pg::FrameHeader::P2P);
+  p2p.set_tag(42);
+  write(dir, "p2p_two_tensors", wire_frame(p2p, {at::arange(6, at::kFloat).reshape({2, 3}), at::arange(4, at::kLong)}));
+  pg::FrameHeader collective;
+  collective.set_kind(pg::FrameHeader::COLLECTIVE);
+  collective.set_seq(3);
+  collective.set_step(1);
+  collective.set_collective(2);
+  collective.mutable_full()->set_dtype(static_cast<int32_t>(at::kHalf));
+  collective.mutable_full()->add_sizes(8);
+  collective.mutable_full()->set_nbytes(16);
+  write(dir, "collective_chunk",
+        wire_frame(collective, {at::ones({4}, at::kHalf), at::empty({0, 3}), at::ones({}, at::kBool), at::ones({1}, at::kComplexDouble)}));
+  pg::FrameHeader hello;
+  hello.set_kind(pg::FrameHeader::HELLO);
+  hello.set_rank(1);
+  hello.set_world_size(3);
+  hello.set_token("secret");
+  hello.set_group("job");
+  write(dir, "hello", wire_frame(hello, {}));
+  pg::FrameHeader abort;
+  abort.set_kind(pg::FrameHeader::ABORT);
+  abort.set_seq(9);
+  abort.set_error_kind(static_cast<int32_t>(ErrorKind::kTimeout));
+  abort.set_payload("allreduce timed out");
+  pg::FrameHeader goodbye;
+  goodbye.set_kind(pg::FrameHeader::GOODBYE);
+  write(dir, "two_frames_abort_goodbye", wire_frame(abort, {}) + wire_frame(goodbye, {}));
+}
+
+void value_seeds(const fs::path& dir) {
+  // The value fuzzer's message brings four tensors; seeds refer to at most those.
+  auto encoded = [](const c10::IValue& v) {
+    rpc::Value out;
+    std::vector<at::Tensor> tensors;
+    encode_value(v, &out, &tensors, "seed");
+    if (tensors.size() > 4) throw std::logic_error("a value seed refers to more than 4 tensors");
+    return out.SerializeAsString();
+  };
+  write(dir, "scalars", encoded(c10::ivalue::Tuple::create({c10::IValue(), true, int64_t{-7}, 2.5,
+                                                             c10::complex<double>(1, -2), std::string("h\xc3\xa9")})));
+  write(dir, "typed_lists", encoded(c10::ivalue::Tuple::create(
+                                {c10::List<int64_t>({1, 2, 3}), c10::List<double>({0.5}), c10::List<bool>({true, false}),
+                                 c10::List<std::string>({"a", "b"}), c10::List<at::Tensor>({at::ones({1}), at::ones({2})})})));
+  c10::Dict<std::string, at::Tensor> by_name;
+  by_name.insert("w", at::ones({2}));
+  by_name.insert("b", at::ones({1}));
+  write(dir, "dict_of_tensors", encoded(by_name));
+  c10::Dict<int64_t, double> by_int;
+  by_int.insert(1, 0.5);
+  by_int.insert(-3, 2.0);
+  write(dir, "dict_int_keys", encoded(by_int));
+  c10::impl::GenericList nested(c10::AnyType::get());
+  nested.push_back(c10::List<int64_t>({4}));
+  nested.push_back(c10::ivalue::Tuple::create({at::ones({3}), c10::IValue()}));
+  c10::impl::GenericDict inner(c10::StringType::get(), c10::AnyType::get());
+  inner.insert("deep", c10::List<int64_t>({1}));
+  nested.push_back(inner);
+  write(dir, "nested", encoded(nested));
+  c10::impl::GenericDict tensor_keys(c10::TensorType::get(), c10::AnyType::get());
+  tensor_keys.insert(at::ones({1}), std::string("one"));
+  write(dir, "dict_tensor_keys", encoded(tensor_keys));
+}
+
+void message_seeds(const fs::path& rref_dir, const fs::path& autograd_dir, const std::vector<Message>& traffic) {
+  std::map<std::string, int> count;
+  for (const auto& m : traffic) {
+    const bool rref = m.type >= kRRefRemoteCall && m.type <= kRRefApply;
+    const bool autograd = m.type == kAutogradBackward || m.type == kAutogradRelease || m.autograd_context >= 0;
+    std::string name = type_name(m.type) + (m.autograd_context >= 0 ? "_in_context" : "");
+    name += "_" + std::to_string(count[name]++);
+    if (rref) write(rref_dir, name, wire_message(m));
+    if (autograd) write(autograd_dir, name, wire_message(m));
+  }
+}
+
+}  // namespace
+}  // namespace fuzz
+}  // namespace drpc
+
+int main(int argc, char** argv) {
+  namespace fs = std::filesystem;
+  fs::path out = argc > 1 ? fs::path(argv[1]) : fs::path();
+  if (out.empty()) {
+    const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+    if (!workspace) {
+      std::cerr << "usage: make_seeds OUTPUT_DIR (or bazel run //fuzz:make_seeds)\n";
+      return 2;
+    }
+    out = fs::path(workspace) / "fuzz" / "corpus";
+  }
+  drpc::fuzz::quiet_logs();
+  try {
+    const auto traffic = drpc::fuzz::record_traffic();
+    drpc::fuzz::frame_seeds(out / "frame", traffic);
+    drpc::fuzz::value_seeds(out / "value_codec");
+    drpc::fuzz::message_seeds(out / "rref", out / "autograd", traffic);
+  } catch (const std::exception& e) {
+    std::cerr << "make_seeds: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
