@@ -24,6 +24,10 @@ TEST(ValueCodec, Scalars) {
   EXPECT_EQ(round_trip(int64_t{-7}).toInt(), -7);
   EXPECT_EQ(round_trip(2.5).toDouble(), 2.5);
   EXPECT_EQ(round_trip(std::string("hé\0llo", 7)).toStringRef(), std::string("hé\0llo", 7));
+  // Not UTF-8: a receiver parsing a proto3 `string` field would reject the whole message.
+  const std::string binary("\xff\xfe\x80 raw", 7);
+  EXPECT_EQ(round_trip(binary).toStringRef(), binary);
+  EXPECT_EQ(round_trip(c10::List<std::string>({binary})).toList().get(0).toStringRef(), binary);
   EXPECT_EQ(round_trip(c10::complex<double>(1, -2)).toComplexDouble(), c10::complex<double>(1, -2));
 }
 
