@@ -1,5 +1,7 @@
 // Tokens and TLS on the store and between ranks, with real gRPC on real ports.
 
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -12,6 +14,7 @@
 #include "process_group/grpc_process_group.h"
 #include "process_group/grpc_store.h"
 #include "process_group/in_memory_store.h"
+#include "process_group/proto/frame.pb.h"
 #include "process_group/security.h"
 #include "process_group/testing/thread_group.h"
 #include "testing/errors.h"
@@ -176,6 +179,88 @@ TEST(ProcessGroupSecurity, RightCertificateWrongTokenIsRefused) {
   bad.security.token = "wrong";
   good.timeout = bad.timeout = milliseconds(5000);
   expect_refused(good, bad, ErrorKind::kUnauthenticated, "token");
+}
+
+// Appends one frame as the transport puts it on the wire: [u32 length][header][bytes].
+void append_frame(const pg::FrameHeader& header, const std::string& body, std::string* out) {
+  const std::string bytes = header.SerializeAsString();
+  const uint32_t length = static_cast<uint32_t>(bytes.size());
+  out->append(reinterpret_cast<const char*>(&length), 4);
+  out->append(bytes);
+  out->append(body);
+}
+
+// Opens a raw stream to a rank's server, writes each of `messages` and returns how the
+// call ended.
+grpc::Status raw_exchange(const std::string& address, const std::vector<std::string>& messages) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  grpc::CompletionQueue cq;
+  void* tag;
+  bool ok;
+  auto call = stub.PrepareCall(&context, "/drpc.pg.Peer/Exchange", &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  for (const auto& message : messages) {
+    grpc::Slice slice(message);
+    grpc::ByteBuffer request(&slice, 1);
+    call->Write(request, reinterpret_cast<void*>(2));
+    cq.Next(&tag, &ok);
+    if (!ok) break;  // the server has finished the call
+  }
+  grpc::ByteBuffer reply;
+  call->Read(&reply, reinterpret_cast<void*>(3));  // ends when the server finishes the call
+  cq.Next(&tag, &ok);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  cq.Next(&tag, &ok);
+  return status;
+}
+
+// An intruder without the token dials a rank directly, posing as rank 0, and sends a
+// tensor behind its hello: it is refused, and the rank never receives that tensor.
+TEST(ProcessGroupSecurity, NothingATokenlessPeerSendsIsDelivered) {
+  auto store = create_in_memory_store();
+  GrpcProcessGroupOptions options;
+  options.security.token = "secret";
+  options.timeout = milliseconds(20000);
+  std::unique_ptr<ProcessGroup> rank1;
+  std::thread t([&] { rank1 = create_grpc_process_group(*store, 1, 2, options); });
+  const std::string address = store->get("addr/1", milliseconds(20000));
+
+  pg::FrameHeader hello;
+  hello.set_kind(pg::FrameHeader::HELLO);
+  hello.set_rank(0);
+  hello.set_world_size(2);
+  hello.set_group(options.group_name);
+  hello.set_token("guess");
+  pg::FrameHeader payload;
+  payload.set_kind(pg::FrameHeader::P2P);
+  payload.set_tag(7);
+  auto* meta = payload.add_tensors();
+  meta->set_dtype(static_cast<int>(at::kFloat));
+  meta->add_sizes(1);
+  meta->set_nbytes(4);
+  const float evil = 666.0f;
+  std::string first, second;
+  append_frame(hello, "", &first);
+  append_frame(payload, std::string(reinterpret_cast<const char*>(&evil), 4), &second);
+  // The tensor both in its own message after the hello and in the hello's message.
+  const grpc::Status alone = raw_exchange(address, {first, second});
+  EXPECT_EQ(alone.error_code(), grpc::StatusCode::UNAUTHENTICATED) << alone.error_message();
+  const grpc::Status status = raw_exchange(address, {first + second});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+  EXPECT_TRUE(contains(alone.error_message(), "token")) << alone.error_message();
+
+  auto rank0 = create_grpc_process_group(*store, 0, 2, options);  // the real rank 0
+  t.join();
+  ASSERT_NE(rank1, nullptr);
+  rank0->send({at::full({1}, 1.0f)}, 1, 7)->wait();
+  at::Tensor got = at::zeros({1});
+  rank1->recv({got}, 0, 7)->wait();
+  EXPECT_EQ(got.item<float>(), 1.0f);  // the real rank's tensor, never the intruder's
 }
 
 }  // namespace
