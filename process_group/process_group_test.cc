@@ -227,26 +227,6 @@ TEST(ProcessGroupErrors, EverythingFailsAfterShutdown) {
   EXPECT_EQ(expect_error([&] { g.send_message(1, PgMessage{"x", {}}); }).kind(), ErrorKind::kShutdown);
 }
 
-TEST(ProcessGroupErrors, WrongTokenIsRefused) {
-  auto store = create_in_memory_store();
-  GrpcProcessGroupOptions good, bad;
-  good.security.token = "secret";
-  good.timeout = bad.timeout = milliseconds(3000);
-  bad.security.token = "guess";
-  std::unique_ptr<ProcessGroup> rank1;
-  std::thread t([&] {
-    try {
-      rank1 = create_grpc_process_group(*store, 1, 2, good);
-    } catch (const Error&) {
-    }
-  });
-  Error e = expect_error([&] { create_grpc_process_group(*store, 0, 2, bad); });
-  EXPECT_EQ(e.kind(), ErrorKind::kUnauthenticated) << e.what();
-  EXPECT_TRUE(contains(e.what(), "token")) << e.what();
-  t.join();
-  EXPECT_EQ(rank1, nullptr);
-}
-
 TEST(ProcessGroupBarrier, NoRankLeavesBeforeAllArrive) {
   ThreadGroup group = testing::make_thread_group(4);
   std::atomic<int> arrived{0};

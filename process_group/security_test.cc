@@ -157,6 +157,14 @@ void expect_refused(const GrpcProcessGroupOptions& good, const GrpcProcessGroupO
   EXPECT_EQ(rank1, nullptr);
 }
 
+TEST(ProcessGroupSecurity, WrongTokenIsRefused) {
+  GrpcProcessGroupOptions good, bad;
+  good.security.token = "secret";
+  bad.security.token = "guess";
+  good.timeout = bad.timeout = milliseconds(3000);
+  expect_refused(good, bad, ErrorKind::kUnauthenticated, "token");
+}
+
 TEST(ProcessGroupSecurity, ForeignCertificateIsRefused) {
   GrpcProcessGroupOptions good, bad;
   good.security = job_tls();

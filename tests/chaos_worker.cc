@@ -22,6 +22,7 @@
 #include "rpc/faulty_agent.h"
 #include "rpc/process_group_agent.h"
 #include "rref/rref_context.h"
+#include "tests/rref_workload.h"
 
 DEFINE_int32(rank, 0, "rank");
 DEFINE_int32(world_size, 3, "world size");
@@ -47,13 +48,6 @@ DRPC_REGISTER_FUNCTION("chaos.getpid", []() -> int64_t { return getpid(); });
 DRPC_REGISTER_FUNCTION("chaos.stop", []() -> int64_t {
   raise(SIGSTOP);
   return 0;
-});
-DRPC_REGISTER_FUNCTION("chaos.rref_sum", [](c10::IValue rref) {
-  return RRef::from_ivalue(rref).to_here().toTensor().sum().item<double>();
-});
-DRPC_REGISTER_FUNCTION("chaos.rref_counts", []() {
-  RRefCounts c = current_runtime().rref_counts();
-  return std::vector<int64_t>{c.owners, c.owner_values, c.users, c.pending_children, c.pending_users};
 });
 
 namespace {
@@ -121,10 +115,17 @@ void callee_killed() {
       ++ok;
     }
   }
+  // The rest were in flight: answered before the kill (worker1 serves on several
+  // threads, so later calls may have been) or failed naming worker1.
   for (auto& f : window) {
     f->wait();
     ErrorKind k = ErrorKind::kInternal;
     const std::string e = error_of(f, &k);
+    if (e.empty()) {
+      last_ok = Clock::now();
+      ++ok;
+      continue;
+    }
     check(k == ErrorKind::kPeerUnavailable && contains(e, "worker1"), "a pending call fails naming worker1: " + e);
   }
   const auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - last_ok);
@@ -290,36 +291,10 @@ void owner_killed() {
 // RRef control messages are dropped, their replies lost and all of them delayed at random
 // (seeded): values are never freed while referenced, and nothing leaks in the end.
 void rref_faults() {
-  const int n = FLAGS_world_size;
-  const std::string next = name((FLAGS_rank + 1) % n), after = name((FLAGS_rank + 2) % n);
-  for (int round = 0; round < 10; ++round) {
-    std::vector<RRef> held;
-    for (int i = 0; i < 20; ++i) held.push_back(remote(next, "aten::ones", {c10::List<int64_t>({i + 1})}));
-    double expected = 0;
-    std::vector<FuturePtr> sums;
-    for (int i = 0; i < 20; ++i) {
-      expected += i + 1;
-      sums.push_back(rpc_async(after, "chaos.rref_sum", {held[i].to_ivalue()}));
-    }
-    double total = 0;
-    for (auto& v : wait_all(sums)) total += v.toDouble();
-    check(total == expected, "sums through a third worker in round " + std::to_string(round));
-    // Still held here: the owner must not have freed any of them.
-    for (int i = 0; i < 20; i += 7) {
-      check(held[i].to_here().toTensor().numel() == i + 1, "a held RRef's value is alive");
-    }
-  }
+  testing::exchange_rrefs(FLAGS_rank, FLAGS_world_size, 10, 20, check);
   process_group().barrier()->wait();
-  const auto deadline = Clock::now() + milliseconds(60000);
-  bool empty = false;
-  while (!empty && Clock::now() < deadline) {
-    empty = true;
-    for (int r = 0; r < n; ++r) {
-      for (auto v : rpc_sync(name(r), "chaos.rref_counts").toIntVector()) empty = empty && v == 0;
-    }
-    if (!empty) std::this_thread::sleep_for(milliseconds(20));
-  }
-  check(empty, "every RRef released on every worker despite lost and late control messages");
+  check(testing::every_worker_released(FLAGS_world_size, milliseconds(60000)),
+        "every RRef released on every worker despite lost and late control messages");
   process_group().barrier()->wait();
   shutdown(true);
 }

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "drpc.h"
+#include "tests/rref_workload.h"
 
 DEFINE_int32(rank, 0, "rank");
 DEFINE_int32(world_size, 3, "world size");
@@ -40,13 +41,6 @@ DRPC_REGISTER_FUNCTION("test.die_in_backward", [](at::Tensor x) {
   return y;
 });
 DRPC_REGISTER_FUNCTION("test.rank_plus", [](at::Tensor t) { return t + get_worker_info().id; });
-DRPC_REGISTER_FUNCTION("test.rref_sum", [](c10::IValue rref) {
-  return RRef::from_ivalue(rref).to_here().toTensor().sum().item<double>();
-});
-DRPC_REGISTER_FUNCTION("test.rref_counts", []() {
-  RRefCounts c = current_runtime().rref_counts();
-  return std::vector<int64_t>{c.owners, c.owner_values, c.users, c.pending_children, c.pending_users};
-});
 
 namespace {
 
@@ -129,34 +123,9 @@ void peer_killed() {
 // Every worker creates RRefs on the next one, shares them with the one after, and
 // drops them; in the end no worker owns or references anything.
 void rrefs() {
-  const int n = FLAGS_world_size;
-  const std::string next = name((FLAGS_rank + 1) % n), after = name((FLAGS_rank + 2) % n);
-  for (int round = 0; round < 20; ++round) {
-    std::vector<RRef> held;
-    for (int i = 0; i < 25; ++i) held.push_back(remote(next, "aten::ones", {c10::List<int64_t>({i + 1})}));
-    double expected = 0;
-    std::vector<FuturePtr> sums;
-    for (int i = 0; i < 25; ++i) {
-      expected += i + 1;
-      sums.push_back(rpc_async(after, "test.rref_sum", {held[i].to_ivalue()}));
-    }
-    double total = 0;
-    for (auto& v : wait_all(sums)) total += v.toDouble();
-    check(total == expected, "sums through a third worker in round " + std::to_string(round));
-  }
-  // Deletions travel asynchronously: wait, bounded, until every worker is empty.
+  testing::exchange_rrefs(FLAGS_rank, FLAGS_world_size, 20, 25, check);
   process_group().barrier()->wait();
-  const auto deadline = std::chrono::steady_clock::now() + milliseconds(30000);
-  bool empty = false;
-  while (!empty && std::chrono::steady_clock::now() < deadline) {
-    empty = true;
-    for (int r = 0; r < n; ++r) {
-      auto c = rpc_sync(name(r), "test.rref_counts").toIntVector();
-      for (auto v : c) empty = empty && v == 0;
-    }
-    if (!empty) std::this_thread::sleep_for(milliseconds(5));
-  }
-  check(empty, "every RRef released on every worker");
+  check(testing::every_worker_released(FLAGS_world_size, milliseconds(30000)), "every RRef released on every worker");
   shutdown(true);
 }
 
