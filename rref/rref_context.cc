@@ -280,14 +280,26 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
   }
 
   void shutdown() override {
+    std::map<Id, c10::intrusive_ptr<OwnerRRef>> owners;  // released outside the lock
+    std::vector<c10::intrusive_ptr<OwnerRRef>> unresolved;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
       stopped_ = true;
       retries_.clear();
+      // Owner records and the replies waiting on their values refer back to this
+      // context: break those cycles, or the context and every value it owns would
+      // outlive the runtime.
+      owners.swap(owners_);
+      forks_.clear();
+      for (auto& [id, weak] : all_owners_) {
+        if (auto owner = weak.lock()) unresolved.push_back(std::move(owner));
+      }
     }
     changed_.notify_all();
     if (retry_thread_.joinable()) retry_thread_.join();
+    const auto stopped = std::make_exception_ptr(Error(ErrorKind::kShutdown, self().name + " has shut down"));
+    for (auto& owner : unresolved) owner->value_future()->setErrorIfNeeded(stopped);
   }
 
   // --- used by the RRef objects ---------------------------------------------------------
@@ -631,6 +643,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     std::vector<c10::intrusive_ptr<OwnerRRef>> dropped;        // released outside the lock
     std::vector<c10::intrusive_ptr<RRefImpl>> children;        // likewise
     std::vector<FuturePtr> unconfirmed;
+    std::vector<c10::intrusive_ptr<OwnerRRef>> unfilled;
     int forks_dropped = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -655,6 +668,17 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
           owners_.erase(owner);
         }
         rref = forks_.erase(rref);
+      }
+      // Records made for RRefs the gone worker was creating here, whose remote call can
+      // no longer arrive (a fetch or fork request overtook it): nothing will fill them.
+      for (auto it = owners_.begin(); it != owners_.end();) {
+        if (it->first.worker == peer.id && !it->second->value_future()->completed()) {
+          unfilled.push_back(std::move(it->second));
+          forks_.erase(it->first);
+          it = owners_.erase(it);
+        } else {
+          ++it;
+        }
       }
       for (auto it = users_.begin(); it != users_.end();) {
         UserState& user = it->second;
@@ -692,6 +716,10 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     const auto lost = std::make_exception_ptr(Error(
         ErrorKind::kPeerUnavailable, "the owner of this RRef, " + peer.name + ", is gone (" + reason.message() + ")"));
     for (auto& f : unconfirmed) f->setErrorIfNeeded(lost);
+    for (auto& owner : unfilled) {
+      owner->value_future()->setErrorIfNeeded(std::make_exception_ptr(Error(
+          ErrorKind::kPeerUnavailable, peer.name + ", which was creating this RRef, is gone (" + reason.message() + ")")));
+    }
     if (forks_dropped || !dropped.empty()) {
       LOG(WARNING) << self().name << ": " << peer.name << " is gone: dropped its " << forks_dropped
                    << " references to RRefs owned here (" << dropped.size() << " values freed)";
