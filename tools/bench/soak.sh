@@ -98,7 +98,7 @@ for ((r = 0; r < workers; r++)); do
   if ! grep -q "^worker$r calls=" "$dir/out.$r"; then
     ok=0
     echo "worker$r: no result (status ${status[$r]}); the end of its log:"
-    tail -n 20 "$dir/err.$r" | sed 's/^/  /'
+    tail -n 8 "$dir/err.$r" | sed 's/^/  /'
   fi
 done
 leaks=$(cat "$dir"/err.* | grep -c 'leaked' || true)
