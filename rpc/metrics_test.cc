@@ -5,6 +5,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <thread>
 
 #include "rpc/metrics.h"
@@ -203,9 +204,9 @@ TEST(Tracer, ClockAlignmentSplitsTheNetworkEvenlyAndAddsUp) {
 
 TEST(ChromeTrace, IsJsonWithProcessesThreadsAndCompleteEvents) {
   std::vector<TraceEvent> events = {
-      {"f\"n", "rpc", 0, 11, "main", 5000, 3000, {{"to", "w\n1"}}},
-      {"send", "send", 0, 11, "main", 5000, 100, {}},
-      {"f\"n", "execute", 1, 22, "handler 0", 5500, 2000, {}},
+      {"f\"n", "rpc", 0, 11, "main", 5000, 3000, {{"to", "w\n1"}}, 1, 0},
+      {"send", "send", 0, 11, "main", 5000, 100, {}, 2, 1},  // part of the call
+      {"f\"n", "execute", 1, 22, "handler 0", 5500, 2000, {}, 3, 0},
   };
   const std::string json = to_chrome_trace(events, {"w0", "w1"});
   google::protobuf::Struct root;
@@ -239,6 +240,38 @@ TEST(ChromeTrace, IsJsonWithProcessesThreadsAndCompleteEvents) {
   EXPECT_EQ(complete, 3);
   EXPECT_EQ(process_names, 2);
   EXPECT_EQ(thread_names, 2);
+}
+
+TEST(ChromeTrace, CallsInFlightTogetherGetRowsOfTheirOwnWithTheirParts) {
+  auto span = [](const char* name, int64_t start, int64_t dur, uint64_t id, uint64_t parent) {
+    TraceEvent e{name, "rpc", 0, 7, "main", start, dur, {}};
+    e.id = id;
+    e.parent = parent;
+    return e;
+  };
+  // a and b overlap on thread 7 (two rpc_async calls); c starts after a ended.
+  const std::vector<TraceEvent> events = {span("a", 0, 100, 1, 0),     span("a.send", 0, 10, 2, 1),
+                                          span("b", 5, 195, 3, 0),     span("b.send", 5, 15, 4, 3),
+                                          span("b.net", 20, 50, 5, 3), span("c", 150, 10, 6, 0)};
+  google::protobuf::Struct root;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(to_chrome_trace(events, {"w0"}), &root).ok());
+  std::map<std::string, double> tid;
+  std::map<double, std::string> thread_names;
+  for (const auto& v : root.fields().at("traceEvents").list_value().values()) {
+    const auto& f = v.struct_value().fields();
+    if (f.at("ph").string_value() == "X") tid[f.at("name").string_value()] = f.at("tid").number_value();
+    if (f.at("name").string_value() == "thread_name") {
+      thread_names[f.at("tid").number_value()] = f.at("args").struct_value().fields().at("name").string_value();
+    }
+  }
+  EXPECT_EQ(tid["a"], 7);
+  EXPECT_EQ(tid["a.send"], 7);
+  EXPECT_EQ(tid["c"], 7);
+  EXPECT_NE(tid["b"], 7);
+  EXPECT_EQ(tid["b.send"], tid["b"]);
+  EXPECT_EQ(tid["b.net"], tid["b"]);
+  EXPECT_EQ(thread_names[7], "main");
+  EXPECT_EQ(thread_names[tid["b"]], "main (async 1)");
 }
 
 }  // namespace

@@ -49,6 +49,8 @@ void to_proto(const TraceEvent& e, rpc::Span* s) {
   s->set_thread(e.thread);
   s->set_start_ns(e.start_ns);
   s->set_duration_ns(e.duration_ns);
+  s->set_id(e.id);
+  s->set_parent(e.parent);
   for (const auto& [k, v] : e.args) {
     auto* arg = s->add_args();
     arg->set_key(k);
@@ -60,6 +62,8 @@ void to_proto(const TraceEvent& e, rpc::Span* s) {
 TraceEvent from_proto(const rpc::Span& s, int64_t shift) {
   TraceEvent e{s.name(), s.category(), s.worker(), s.tid(), s.thread(), s.start_ns() + shift, s.duration_ns(), {}};
   for (const auto& arg : s.args()) e.args.emplace_back(arg.key(), arg.value());
+  e.id = s.id();
+  e.parent = s.parent();
   return e;
 }
 
@@ -176,11 +180,12 @@ class ProcessGroupAgent final : public RpcAgent {
       metrics_->call_sent(fn, dst.id);
       metrics_->bytes_sent(dst.id, wire_bytes);
     }
-    VLOG(1) << log_tag_ << " call " << id << " to " << dst.name << ": " << label << " (type " << request.type << ", "
+    VLOG(1) << "call " << id << " to " << dst.name << ": " << label << " (type " << request.type << ", "
             << wire_bytes << " bytes" << (collector ? ", profiled" : "") << ")";
     if (dst.id == self_.id) {
       // A call to oneself skips the network but not the handler pool.
-      Served served{fn, steady_now_ns(), collector ? std::make_shared<ServeTrace>(ServeTrace{label}) : nullptr};
+      Served served{fn, steady_now_ns(),
+                    collector ? std::make_shared<ServeTrace>(label, tracer_->new_span_id(self_.id)) : nullptr};
       if (metrics_) metrics_->call_received(fn, self_.id);
       schedule_request(self_.id, id, std::move(request), std::move(served));
       return future;
@@ -296,8 +301,11 @@ class ProcessGroupAgent final : public RpcAgent {
 
   // A profiled request, as its callee records it.
   struct ServeTrace {
+    ServeTrace(std::string what, uint64_t execute_id)
+        : what(std::move(what)), execute_id(execute_id), collector(std::make_shared<TraceCollector>(execute_id)) {}
     std::string what;
-    std::shared_ptr<TraceCollector> collector = std::make_shared<TraceCollector>();  // its nested calls
+    uint64_t execute_id;                         // the execution span, parent of its nested calls
+    std::shared_ptr<TraceCollector> collector;   // its nested calls
     int64_t start_ns = 0;  // handler started
     int64_t tid = 0;
     std::string thread;
@@ -319,7 +327,7 @@ class ProcessGroupAgent final : public RpcAgent {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
       if (!started_) {
-        VLOG(2) << log_tag_ << " holding a message from " << workers_[source].name << " until start";
+        VLOG(2) << "holding a message from " << workers_[source].name << " until start";
         held_.emplace_back(source, std::move(raw));
         return;
       }
@@ -342,9 +350,11 @@ class ProcessGroupAgent final : public RpcAgent {
       // The caller's label, bounded again: a peer's bytes are not to be trusted.
       const std::string label = function_label(envelope.what());
       Served served{metrics_ ? metrics_->function(label) : nullptr, arrival_ns,
-                    envelope.profile() ? std::make_shared<ServeTrace>(ServeTrace{label}) : nullptr};
+                    envelope.profile() && tracer_
+                        ? std::make_shared<ServeTrace>(label, tracer_->new_span_id(self_.id))
+                        : nullptr};
       if (metrics_) metrics_->call_received(served.fn, source);
-      VLOG(1) << log_tag_ << " request " << envelope.id() << " from " << workers_[source].name << ": " << label
+      VLOG(1) << "request " << envelope.id() << " from " << workers_[source].name << ": " << label
               << " (type " << envelope.type() << (served.trace ? ", profiled" : "") << ")";
       schedule_request(source, envelope.id(), std::move(message), std::move(served));
       return;
@@ -353,7 +363,10 @@ class ProcessGroupAgent final : public RpcAgent {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = pending_.find(envelope.id());
-      if (it == pending_.end()) return;  // timed out already: the late reply is dropped
+      if (it == pending_.end()) {  // timed out already: the late reply is dropped
+        VLOG(2) << "dropping the late reply " << envelope.id() << " from " << workers_[source].name;
+        return;
+      }
       pending = std::move(it->second);
       pending_.erase(it);
       if (pending.deadline != Clock::time_point::max()) erase_deadline(pending.deadline, envelope.id());
@@ -365,7 +378,7 @@ class ProcessGroupAgent final : public RpcAgent {
   // A reply (or an error reply) arrived at `receipt_ns` for `p`.
   void finish_call(Pending& p, const rpc::Envelope& envelope, Message message, int64_t receipt_ns) {
     const bool failed = envelope.error_kind() != 0;
-    VLOG(1) << log_tag_ << " reply " << envelope.id() << " from " << workers_[p.dst].name << " after "
+    VLOG(1) << "reply " << envelope.id() << " from " << workers_[p.dst].name << " after "
             << (receipt_ns - p.start_ns) / 1000 << " us" << (failed ? " (error)" : "");
     if (metrics_ && p.fn) {
       metrics_->reply_received(p.fn, std::chrono::nanoseconds(receipt_ns - p.start_ns));
@@ -386,7 +399,7 @@ class ProcessGroupAgent final : public RpcAgent {
   // A call that ends without a reply (deadline, peer gone, shutdown).
   void call_failed(Pending& p, ErrorKind kind) {
     if (metrics_ && p.fn) metrics_->error(true, kind);
-    VLOG(1) << log_tag_ << " call to " << workers_[p.dst].name << " (" << p.what << ") failed: " << error_kind_name(kind);
+    VLOG(1) << "call to " << workers_[p.dst].name << " (" << p.what << ") failed: " << error_kind_name(kind);
     if (p.trace) record_call(p, nullptr, steady_now_ns(), error_kind_name(kind));
   }
 
@@ -395,18 +408,26 @@ class ProcessGroupAgent final : public RpcAgent {
   void record_call(const Pending& p, const rpc::Profile* profile, int64_t end_ns, const char* error) {
     const CallTrace& t = *p.trace;
     const std::string& peer = workers_[p.dst].name;
+    const uint64_t id = tracer_->new_span_id(self_.id);
     std::vector<TraceEvent> events;
     TraceEvent call{t.what, "rpc", self_.id, t.tid, t.thread, t.start_ns, end_ns - t.start_ns, {{"to", peer}}};
     if (error) call.args.emplace_back("error", error);
+    call.id = id;
+    call.parent = t.collector->parent();
     events.push_back(std::move(call));
-    events.push_back(TraceEvent{"send", "send", self_.id, t.tid, t.thread, t.start_ns, t.sent_ns - t.start_ns,
-                                {{"function", t.what}, {"to", peer}}});
+    auto part = [&](TraceEvent e) {
+      e.id = tracer_->new_span_id(self_.id);
+      e.parent = id;
+      events.push_back(std::move(e));
+    };
+    part(TraceEvent{"send", "send", self_.id, t.tid, t.thread, t.start_ns, t.sent_ns - t.start_ns,
+                    {{"function", t.what}, {"to", peer}}});
     if (profile) {
       const ClockAlignment a = align_clocks(t.sent_ns, profile->arrival_ns(), profile->reply_ns(), end_ns);
-      events.push_back(TraceEvent{"network", "network", self_.id, t.tid, t.thread, t.sent_ns, a.request_ns,
-                                  {{"function", t.what}, {"direction", "request"}, {"to", peer}}});
-      events.push_back(TraceEvent{"network", "network", self_.id, t.tid, t.thread, profile->reply_ns() - a.offset,
-                                  a.reply_ns, {{"function", t.what}, {"direction", "reply"}, {"from", peer}}});
+      part(TraceEvent{"network", "network", self_.id, t.tid, t.thread, t.sent_ns, a.request_ns,
+                      {{"function", t.what}, {"direction", "request"}, {"to", peer}}});
+      part(TraceEvent{"network", "network", self_.id, t.tid, t.thread, profile->reply_ns() - a.offset, a.reply_ns,
+                      {{"function", t.what}, {"direction", "reply"}, {"from", peer}}});
       for (const auto& span : profile->spans()) events.push_back(from_proto(span, -a.offset));
     }
     t.collector->add_all(std::move(events));
@@ -514,7 +535,7 @@ class ProcessGroupAgent final : public RpcAgent {
       metrics_->request_served(served.fn, std::chrono::nanoseconds(reply_ns - served.arrival_ns));
       if (envelope.error_kind() != 0) metrics_->error(false, kind_of(envelope));
     }
-    VLOG(1) << log_tag_ << " answering " << id << " from " << workers_[source].name << " after "
+    VLOG(1) << "answering " << id << " from " << workers_[source].name << " after "
             << (reply_ns - served.arrival_ns) / 1000 << " us" << (envelope.error_kind() != 0 ? " (error)" : "");
     if (served.trace) add_served_spans(*served.trace, served.arrival_ns, reply_ns, source, &envelope);
     if (source == self_.id) {
@@ -550,10 +571,12 @@ class ProcessGroupAgent final : public RpcAgent {
     profile->set_arrival_ns(arrival_ns);
     profile->set_reply_ns(reply_ns);
     const std::string& from = workers_[source].name;
-    to_proto(TraceEvent{"queue", "queue", self_.id, t.tid, t.thread, arrival_ns, t.start_ns - arrival_ns,
-                        {{"function", t.what}, {"from", from}}},
-             profile->add_spans());
+    TraceEvent queue{"queue", "queue", self_.id, t.tid, t.thread, arrival_ns, t.start_ns - arrival_ns,
+                     {{"function", t.what}, {"from", from}}};
+    queue.id = tracer_->new_span_id(self_.id);
+    to_proto(queue, profile->add_spans());
     TraceEvent execute{t.what, "execute", self_.id, t.tid, t.thread, t.start_ns, reply_ns - t.start_ns, {{"from", from}}};
+    execute.id = t.execute_id;
     if (envelope->error_kind() != 0) execute.args.emplace_back("error", error_kind_name(kind_of(*envelope)));
     to_proto(execute, profile->add_spans());
     for (const auto& e : t.collector->take()) to_proto(e, profile->add_spans());
@@ -616,6 +639,7 @@ class ProcessGroupAgent final : public RpcAgent {
       }
       const int64_t id = deadlines_.begin()->second;
       deadlines_.erase(deadlines_.begin());
+      VLOG(2) << "deadline of call " << id << " passed";
       auto it = pending_.find(id);
       if (it == pending_.end()) continue;
       Pending p = std::move(it->second);

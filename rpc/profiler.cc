@@ -161,14 +161,87 @@ void name_current_thread_if_unnamed(const std::string& name) {
 
 // --- Chrome trace -------------------------------------------------------------------------
 
+namespace {
+
+// Where a span is drawn: its thread's row, or one of the extra rows of that thread.
+struct Placement {
+  int64_t tid;
+  int lane;
+};
+
+constexpr int kMaxLanes = 16;
+
+// The row (pid, synthetic tid) of lane `lane` > 0 of thread `tid`: above any real tid
+// (Linux's are below 2^22), below 2^31.
+int64_t lane_tid(int64_t tid, int lane) { return (int64_t{1} << 30) + ((tid & 0x3ffffff) << 4) + lane; }
+
+// Splits one row's spans into lanes in which they nest properly: a span goes into its
+// parent's lane when it fits inside the parent there, else into the first lane where
+// nothing is open at its start, else a new one.
+std::vector<int> assign_lanes(const std::vector<const TraceEvent*>& row) {
+  std::vector<std::vector<const TraceEvent*>> open;  // per lane, the spans still open
+  std::map<uint64_t, int> lane_of;
+  std::vector<int> lanes;
+  auto end = [](const TraceEvent* e) { return e->start_ns + e->duration_ns; };
+  auto close_before = [&](int lane, int64_t t) {
+    auto& stack = open[lane];
+    while (!stack.empty() && end(stack.back()) <= t) stack.pop_back();
+  };
+  for (const TraceEvent* e : row) {
+    int placed = -1;
+    auto parent = e->parent ? lane_of.find(e->parent) : lane_of.end();
+    if (parent != lane_of.end()) {
+      close_before(parent->second, e->start_ns);
+      const auto& stack = open[parent->second];
+      if (!stack.empty() && stack.back()->id == e->parent && end(stack.back()) >= end(e)) placed = parent->second;
+    }
+    for (int lane = 0; placed < 0 && lane < static_cast<int>(open.size()); ++lane) {
+      close_before(lane, e->start_ns);
+      if (open[lane].empty()) placed = lane;
+    }
+    if (placed < 0) {
+      if (static_cast<int>(open.size()) < kMaxLanes) {
+        open.emplace_back();
+        placed = static_cast<int>(open.size()) - 1;
+      } else {
+        placed = kMaxLanes - 1;  // so many at once: the last lane takes the overflow
+      }
+    }
+    open[placed].push_back(e);
+    if (e->id) lane_of[e->id] = placed;
+    lanes.push_back(placed);
+  }
+  return lanes;
+}
+
+}  // namespace
+
 std::string to_chrome_trace(const std::vector<TraceEvent>& events, const std::vector<std::string>& worker_names) {
   std::vector<const TraceEvent*> sorted;
   for (const auto& e : events) sorted.push_back(&e);
-  // Parents before their children: earlier first, longer first on ties.
+  // Parents before their children: earlier first, longer first, then in the order made.
   std::sort(sorted.begin(), sorted.end(), [](const TraceEvent* a, const TraceEvent* b) {
-    return a->start_ns != b->start_ns ? a->start_ns < b->start_ns : a->duration_ns > b->duration_ns;
+    if (a->start_ns != b->start_ns) return a->start_ns < b->start_ns;
+    if (a->duration_ns != b->duration_ns) return a->duration_ns > b->duration_ns;
+    return a->id < b->id;
   });
   const int64_t origin = sorted.empty() ? 0 : sorted.front()->start_ns;
+
+  std::map<std::pair<int, int64_t>, std::vector<const TraceEvent*>> rows;
+  for (const auto* e : sorted) rows[{e->worker, e->tid}].push_back(e);
+  std::map<const TraceEvent*, Placement> placement;
+  std::map<std::pair<int, int64_t>, std::string> threads;  // (worker, row tid) -> name
+  for (const auto& [key, row] : rows) {
+    const std::vector<int> lanes = assign_lanes(row);
+    for (size_t i = 0; i < row.size(); ++i) {
+      const int64_t tid = lanes[i] == 0 ? key.second : lane_tid(key.second, lanes[i]);
+      placement[row[i]] = Placement{tid, lanes[i]};
+      threads.emplace(std::make_pair(key.first, tid), lanes[i] == 0 ? row[i]->thread
+                                                                     : row[i]->thread + " (async " +
+                                                                           std::to_string(lanes[i]) + ")");
+    }
+  }
+
   std::ostringstream out;
   out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
   bool first = true;
@@ -178,11 +251,7 @@ std::string to_chrome_trace(const std::vector<TraceEvent>& events, const std::ve
     out << "\n";
   };
   std::set<int> workers;
-  std::map<std::pair<int, int64_t>, std::string> threads;
-  for (const auto* e : sorted) {
-    workers.insert(e->worker);
-    threads.emplace(std::make_pair(e->worker, e->tid), e->thread);
-  }
+  for (const auto* e : sorted) workers.insert(e->worker);
   for (int w : workers) {
     const std::string name = w >= 0 && w < static_cast<int>(worker_names.size()) ? worker_names[w]
                                                                                   : "worker " + std::to_string(w);
@@ -207,7 +276,7 @@ std::string to_chrome_trace(const std::vector<TraceEvent>& events, const std::ve
     json_string(out, e->name);
     out << ",\"cat\":";
     json_string(out, e->category);
-    out << ",\"pid\":" << e->worker + 1 << ",\"tid\":" << e->tid << ",\"ts\":" << micros(e->start_ns - origin)
+    out << ",\"pid\":" << e->worker + 1 << ",\"tid\":" << placement[e].tid << ",\"ts\":" << micros(e->start_ns - origin)
         << ",\"dur\":" << micros(e->duration_ns) << ",\"args\":{";
     for (size_t i = 0; i < e->args.size(); ++i) {
       if (i) out << ",";

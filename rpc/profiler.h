@@ -26,16 +26,24 @@ struct TraceEvent {
   int64_t start_ns = 0;  // steady clock of the worker that holds the event (see Tracer)
   int64_t duration_ns = 0;
   std::vector<std::pair<std::string, std::string>> args;
+  // Unique in a profile; `parent` is the span this one is part of on the same thread (a
+  // call's send and network spans, the calls an execution makes), 0 for none.
+  uint64_t id = 0;
+  uint64_t parent = 0;
 };
 
 // Collects the events of a profile, or of one profiled request. Thread-safe.
 class TraceCollector {
  public:
+  // `parent`: the span that calls recorded here are part of (a request's execution).
+  explicit TraceCollector(uint64_t parent = 0) : parent_(parent) {}
+  uint64_t parent() const { return parent_; }
   void add(TraceEvent event);
   void add_all(std::vector<TraceEvent> events);
   std::vector<TraceEvent> take();
 
  private:
+  const uint64_t parent_;
   std::mutex mu_;
   std::vector<TraceEvent> events_;  // guarded by mu_
 };
@@ -64,6 +72,10 @@ class Tracer {
   std::shared_ptr<TraceCollector> collector_for_send();
   // The profiled request this thread serves (null if none), to carry it to another thread.
   std::shared_ptr<TraceCollector> serving() const;
+  // A span id no other span of this worker (`rank`) or of another worker has.
+  uint64_t new_span_id(int rank) {
+    return (static_cast<uint64_t>(rank + 1) << 48) | next_span_.fetch_add(1, std::memory_order_relaxed);
+  }
 
   // While it lives, calls this thread sends belong to `collector` (a profiled request this
   // worker serves). A null collector makes it a no-op.
@@ -83,6 +95,7 @@ class Tracer {
 
  private:
   std::atomic<int> active_{0};  // the running profile plus live Scopes
+  std::atomic<uint64_t> next_span_{1};
   std::mutex mu_;
   std::shared_ptr<TraceCollector> profile_;  // guarded by mu_
 };
@@ -112,7 +125,9 @@ void name_current_thread_if_unnamed(const std::string& name);
 // A Chrome trace (JSON object format, opened by chrome://tracing and Perfetto): one "X"
 // event per span; each worker is a process (pid = rank + 1, as pid 0 is special to
 // Perfetto; named by `worker_names[rank]`), each of its threads a row. Times are in us
-// from the earliest event.
+// from the earliest event. Viewers need the spans of a row properly nested, so spans that
+// overlap without one containing the other (calls in flight together, from rpc_async)
+// move, with their parts, to extra rows of that thread named "<thread> (async N)".
 std::string to_chrome_trace(const std::vector<TraceEvent>& events, const std::vector<std::string>& worker_names);
 
 }  // namespace drpc

@@ -3,6 +3,9 @@
 // hidden block (Linear(256,256) + ReLU) behind RRefs. Forward goes through RPC, backward
 // is distributed autograd, the update a DistributedOptimizer (SGD with momentum).
 // Started by tools/demo.sh through drpc_launch; flags also read DRPC_* variables.
+// --profile=FILE writes a Chrome trace (chrome://tracing, Perfetto) of the second training
+// step: every RPC of its forward pass, distributed backward, optimizer step and context
+// release, with what each worker did for it.
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
@@ -14,8 +17,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <memory>
 
+#include "common/logging.h"
 #include "drpc.h"
 #include "tools/demo/fashion_mnist_data.h"
 
@@ -29,6 +35,7 @@ DEFINE_double(lr, 0.05, "learning rate");
 DEFINE_int32(limit, 0, "use only this many training images (0: all)");
 DEFINE_int32(test_limit, 0, "use only this many test images (0: all)");
 DEFINE_string(data_dir, "/usr/share/datasets/fashion-mnist", "Debian's dataset-fashion-mnist");
+DEFINE_string(profile, "", "write a Chrome trace of one training step (the second) to this file");
 
 namespace {
 
@@ -49,6 +56,9 @@ at::Tensor init_weight(int64_t out, int64_t in, uint64_t seed) {
 std::string worker(int r) { return "worker" + std::to_string(r); }
 
 void train(int world_size) {
+  if (!FLAGS_profile.empty() && !std::ofstream(FLAGS_profile)) {  // fail before training, not after
+    throw drpc::Error(drpc::ErrorKind::kBadArgument, "--profile: cannot write '" + FLAGS_profile + "'");
+  }
   const at::Tensor train_x_all = images(FLAGS_data_dir + "/train-images-idx3-ubyte.gz");
   const at::Tensor train_y_all = read_idx(FLAGS_data_dir + "/train-labels-idx1-ubyte.gz").to(at::kLong);
   at::Tensor test_x = images(FLAGS_data_dir + "/t10k-images-idx3-ubyte.gz");
@@ -92,11 +102,24 @@ void train(int world_size) {
     for (int64_t s = 0; s < steps; ++s) {
       at::Tensor idx = order.narrow(0, s * FLAGS_batch_size, std::min<int64_t>(FLAGS_batch_size, n - s * FLAGS_batch_size));
       at::Tensor x = train_x.index_select(0, idx), y = train_y.index_select(0, idx);
-      drpc::dist_autograd::Context ctx;
-      at::Tensor loss = at::nll_loss(at::log_softmax(forward(x), 1), y);
-      drpc::dist_autograd::backward(ctx.id(), {loss});
-      optimizer.step(ctx.id());
-      const double l = loss.item<double>();
+      // The second step (the first warms up), context release included.
+      std::unique_ptr<drpc::Profiler> profiler;
+      if (!FLAGS_profile.empty() && epoch == 1 && s == std::min<int64_t>(1, steps - 1)) {
+        profiler = std::make_unique<drpc::Profiler>();
+      }
+      double l;
+      {
+        drpc::dist_autograd::Context ctx;
+        at::Tensor loss = at::nll_loss(at::log_softmax(forward(x), 1), y);
+        drpc::dist_autograd::backward(ctx.id(), {loss});
+        optimizer.step(ctx.id());
+        l = loss.item<double>();
+      }
+      if (profiler) {
+        profiler->write_chrome_trace(FLAGS_profile);
+        std::fprintf(stderr, "\ntrace of training step %ld (%zu spans) written to %s\n", static_cast<long>(s + 1),
+                     profiler->events().size(), FLAGS_profile.c_str());
+      }
       running = s == 0 ? l : 0.98 * running + 0.02 * l;
       total += l;
       if (s % 10 == 0 || s == steps - 1) {
@@ -133,7 +156,7 @@ DRPC_REGISTER_FUNCTION("demo.block", [](c10::IValue w, c10::IValue b, at::Tensor
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
-  google::InitGoogleLogging(argv[0]);
+  drpc::init_logging(argv[0]);
   const int rank = env_or(FLAGS_rank, "DRPC_RANK");
   const int world_size = env_or(FLAGS_world_size, "DRPC_WORLD_SIZE");
   if (rank < 0 || world_size < 1) {

@@ -7,6 +7,10 @@
 // DRPC_RPC_TIMEOUT_MS, DRPC_NUM_THREADS, DRPC_TOKEN_FILE, DRPC_TLS_CERT, DRPC_TLS_KEY,
 // DRPC_TLS_CA, DRPC_TLS_SERVER_NAME, DRPC_HEARTBEAT_MS, DRPC_HEARTBEAT_MISSES), as
 // container orchestrators set them. The job token comes from --token_file or DRPC_TOKEN.
+// --metrics_port=P (DRPC_METRICS_PORT; 0: any free port, announced on stdout) serves the
+// worker's metrics in Prometheus' text format at http://127.0.0.1:P/metrics, or on
+// --metrics_host (DRPC_METRICS_HOST); the worker logs them at shutdown. Log lines carry
+// "[name/rank]"; --v=1 logs every call and reply, --v=2 the agent's internals.
 // Exits 0 after a graceful shutdown (or SIGTERM: it leaves the job), 1 with a one-line
 // reason otherwise.
 
@@ -21,7 +25,9 @@
 #include <sstream>
 #include <thread>
 
+#include "common/logging.h"
 #include "drpc.h"
+#include "tools/worker/metrics_http.h"
 
 DEFINE_string(name, "", "this worker's name (default: worker<rank>)");
 DEFINE_int32(rank, -1, "this worker's rank");
@@ -40,6 +46,8 @@ DEFINE_string(tls_ca, "", "TLS: the job's CA certificate (PEM)");
 DEFINE_string(tls_server_name, "", "TLS: the name in peers' certificates, if not their address");
 DEFINE_int32(heartbeat_ms, 1000, "heartbeat interval (0: off)");
 DEFINE_int32(heartbeat_misses, 10, "missed heartbeats after which a peer is declared failed");
+DEFINE_int32(metrics_port, -1, "serve Prometheus metrics on this port (0: any free one; -1: off)");
+DEFINE_string(metrics_host, "127.0.0.1", "the address the metrics endpoint listens on");
 // --log_dir is glog's own flag (logs go there instead of /tmp); DRPC_LOG_DIR works too.
 
 namespace {
@@ -63,8 +71,9 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   const std::string log_dir = setting("log_dir", "DRPC_LOG_DIR");
   if (!log_dir.empty()) FLAGS_log_dir = log_dir;
-  google::InitGoogleLogging(argv[0]);
-  int rank, world_size;
+  drpc::init_logging(argv[0]);
+  int rank, world_size, metrics_port;
+  std::string metrics_host;
   drpc::Options options;
   std::string name;
   try {
@@ -85,6 +94,8 @@ int main(int argc, char** argv) {
     options.tls_server_name = setting("tls_server_name", "DRPC_TLS_SERVER_NAME");
     options.heartbeat_interval = std::chrono::milliseconds(std::stoi(setting("heartbeat_ms", "DRPC_HEARTBEAT_MS")));
     options.heartbeat_misses = std::stoi(setting("heartbeat_misses", "DRPC_HEARTBEAT_MISSES"));
+    metrics_port = std::stoi(setting("metrics_port", "DRPC_METRICS_PORT"));
+    metrics_host = setting("metrics_host", "DRPC_METRICS_HOST");
     std::stringstream loads(setting("load", "DRPC_LOAD"));
     for (std::string item; std::getline(loads, item, ',');) {
       const size_t eq = item.find('=');
@@ -108,17 +119,33 @@ int main(int argc, char** argv) {
     return fail(e.what());
   }
   LOG(INFO) << name << " (rank " << rank << " of " << world_size << ") serving";
+  std::unique_ptr<drpc::MetricsHttpServer> metrics;
+  if (metrics_port >= 0) {
+    try {
+      metrics = drpc::MetricsHttpServer::start(metrics_host, metrics_port,
+                                               [] { return drpc::to_prometheus_text(drpc::get_metrics()); });
+    } catch (const std::exception& e) {
+      drpc::shutdown(false);
+      return fail(e.what());
+    }
+    std::cout << "drpc_worker: " << name << " serves metrics on http://" << metrics_host << ":" << metrics->port()
+              << "/metrics" << std::endl;
+  }
+  // SIGTERM exits at once: peers see the connections close. (The main thread stays in
+  // the graceful shutdown below, which waits for the whole job.)
   std::thread([term] {
     int signal = 0;
     sigwait(&term, &signal);
     LOG(WARNING) << "SIGTERM: leaving the job";
-    drpc::shutdown(false);
     std::_Exit(0);
   }).detach();
   try {
-    drpc::shutdown(true);  // serves until every worker of the job has shut down
+    drpc::current_runtime().shutdown(true);  // serves until every worker of the job has shut down
   } catch (const std::exception& e) {
     return fail(e.what());
   }
+  LOG(INFO) << "metrics at shutdown:\n" << drpc::to_prometheus_text(drpc::get_metrics());
+  if (metrics) metrics->stop();
+  drpc::shutdown(true);  // already shut down: releases the runtime
   return 0;
 }
