@@ -226,8 +226,13 @@ MetricsSnapshot Metrics::snapshot() const {
 // --- labels and formats -------------------------------------------------------------------
 
 std::string function_label(const std::string& what) {
-  // On every call, so no streams: split on spaces by hand.
+  // On every call, so no streams: split on spaces by hand, after a fast path for the
+  // usual case, a function's name (one word, not an id).
   constexpr size_t kMaxLength = 128;
+  if (!what.empty() && what.size() <= kMaxLength && what.find(' ') == std::string::npos &&
+      what.find_first_not_of("0123456789:") != std::string::npos) {
+    return what;
+  }
   std::string out;
   size_t i = 0;
   while (i < what.size()) {
