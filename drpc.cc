@@ -422,6 +422,18 @@ DistributedOptimizer::DistributedOptimizer(Runtime& runtime, const OptimizerSpec
   }
 }
 
+DistributedOptimizer::~DistributedOptimizer() {
+  std::vector<FuturePtr> released;
+  for (const auto& [owner, id] : optimizers_) {
+    try {
+      released.push_back(runtime_.rpc_async(owner, "drpc.optim.release", {id}));
+    } catch (const std::exception&) {
+      // stopped: nothing to release
+    }
+  }
+  for (auto& f : released) f->wait();  // errors (a gone owner) leave nothing to release
+}
+
 void DistributedOptimizer::step(int64_t context_id) {
   std::vector<FuturePtr> steps;
   for (const auto& [owner, id] : optimizers_) {

@@ -185,6 +185,11 @@ class DistributedOptimizer {
  public:
   DistributedOptimizer(const OptimizerSpec& spec, const std::vector<RRef>& params);  // on current_runtime()
   DistributedOptimizer(Runtime& runtime, const OptimizerSpec& spec, const std::vector<RRef>& params);
+  // Drops the optimizers it created on the owners (waits for their answers; a gone owner
+  // or a stopped runtime has nothing left to drop).
+  ~DistributedOptimizer();
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
   void step(int64_t context_id);
 
  private:

@@ -116,7 +116,9 @@ class Container final : public AutogradContainer, public std::enable_shared_from
       edges.push_back(torch::autograd::impl::gradient_edge(root));
       inputs.push_back(at::ones_like(root));
     }
-    run(context_id, *context, edges, inputs);
+    FuturePtr done = run(context_id, *context, edges, inputs);
+    done->wait();
+    if (done->hasError()) std::rethrow_exception(done->exception_ptr());
   }
 
   c10::Dict<at::Tensor, at::Tensor> gradients(int64_t context_id) override {
@@ -184,8 +186,12 @@ class Container final : public AutogradContainer, public std::enable_shared_from
 
   // --- backward ------------------------------------------------------------------------
   // Runs the local engine from `roots`; gradients reaching leaves accumulate in the
-  // context, those reaching recv functions go to their senders, whose answers are awaited.
-  void run(int64_t context_id, Context& context, const torch::autograd::edge_list& roots, const variable_list& inputs) {
+  // context, those reaching recv functions go to their senders. Returns a future of the
+  // reply to send upstream, completed once every sender has answered: nothing blocks a
+  // handler thread while the rest of the chain works (several concurrent backward
+  // passes would otherwise hold every thread of every worker waiting on one another).
+  FuturePtr run(int64_t context_id, Context& context, const torch::autograd::edge_list& roots,
+                const variable_list& inputs) {
     torch::autograd::edge_list outputs, recv_edges;
     std::vector<at::Tensor> leaves;
     std::vector<std::pair<RecvRpcBackward*, uint32_t>> recv_inputs;
@@ -216,7 +222,7 @@ class Container final : public AutogradContainer, public std::enable_shared_from
     }
     // Leaves first, then recv inputs: the engine returns gradients in this order.
     outputs.insert(outputs.end(), recv_edges.begin(), recv_edges.end());
-    if (outputs.empty()) return;
+    if (outputs.empty()) return answered({});
     variable_list grads;
     try {
       grads = torch::autograd::Engine::get_default_engine().execute(roots, inputs, /*keep_graph=*/true,
@@ -251,19 +257,32 @@ class Container final : public AutogradContainer, public std::enable_shared_from
       list.resize(recv->num_inputs());
       list[input] = g;
     }
-    std::vector<std::pair<std::string, FuturePtr>> pending;
+    std::vector<FuturePtr> pending;
     for (auto& [recv, list] : per_recv) {
       autograd::Backward request;
       request.set_context(context_id);
       request.set_message(recv->message_id);
       const WorkerInfo to = agent_.worker(recv->from_worker);
-      pending.emplace_back(to.name, agent_.send(to, Message{kAutogradBackward, request.SerializeAsString(), list},
-                                                agent_.default_timeout(), "distributed backward"));
+      pending.push_back(agent_.send(to, Message{kAutogradBackward, request.SerializeAsString(), list},
+                                    agent_.default_timeout(), "distributed backward"));
     }
-    for (auto& [name, future] : pending) {
-      future->wait();
-      if (future->hasError()) std::rethrow_exception(future->exception_ptr());
-    }
+    return answered(pending);
+  }
+
+  // A future of the (empty) backward reply, completed when all of `pending` are, with the
+  // first error among them if any failed.
+  static FuturePtr answered(const std::vector<FuturePtr>& pending) {
+    auto done = make_message_future();
+    auto left = std::make_shared<std::atomic<size_t>>(pending.size() + 1);
+    auto one_done = [done, left](c10::ivalue::Future& f) {
+      if (f.hasError()) done->setErrorIfNeeded(f.exception_ptr());
+      if (left->fetch_sub(1) == 1 && !done->completed()) {
+        done->markCompleted(message_to_ivalue(Message{kAutogradBackward, "", {}}));
+      }
+    };
+    for (const auto& f : pending) f->addCallback(one_done);
+    one_done(*done);  // the +1: counts once every callback is attached
+    return done;
   }
 
   FuturePtr on_backward(const WorkerInfo&, Message m) {
@@ -286,10 +305,7 @@ class Container final : public AutogradContainer, public std::enable_shared_from
       throw Error(ErrorKind::kProtocol, "gradient count does not match the send function");
     }
     variable_list inputs(m.tensors.begin(), m.tensors.end());
-    run(request.context(), *context, send->next_edges(), inputs);
-    auto done = make_message_future();
-    done->markCompleted(message_to_ivalue(Message{kAutogradBackward, "", {}}));
-    return done;
+    return run(request.context(), *context, send->next_edges(), inputs);
   }
 
   FuturePtr on_release(const WorkerInfo& from, Message m) {

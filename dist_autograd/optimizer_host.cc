@@ -23,6 +23,7 @@ class OptimizerHostImpl final : public OptimizerHost {
   OptimizerHostImpl(AutogradContainer& autograd, FunctionRegistry& functions) : autograd_(autograd) {
     functions.add("drpc.optim.create", [this](CallArgs& call) { return create(call); });
     functions.add("drpc.optim.step", [this](CallArgs& call) { return step(call); });
+    functions.add("drpc.optim.release", [this](CallArgs& call) { return release(call); });
   }
 
  private:
@@ -78,6 +79,13 @@ class OptimizerHostImpl final : public OptimizerHost {
     hosted->optimizer->step();
     for (auto& p : hosted->params) p.mutable_grad() = at::Tensor();
     return c10::IValue();
+  }
+
+  // Drops an optimizer (its state and its hold on the parameters); true if it existed.
+  c10::IValue release(CallArgs& call) {
+    if (call.args.size() != 1) throw Error(ErrorKind::kBadArgument, "drpc.optim.release takes 1 argument");
+    std::lock_guard<std::mutex> lock(mu_);
+    return optimizers_.erase(call.args[0].toInt()) > 0;
   }
 
   AutogradContainer& autograd_;

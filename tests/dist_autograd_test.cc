@@ -250,6 +250,61 @@ TEST_F(DistAutogradTest, TwoConcurrentContextsOnOneParameterServer) {
   }
 }
 
+TEST_F(DistAutogradTest, DestroyedDistributedOptimizersLeaveNothingOnTheOwners) {
+  Job& job = *job_;
+  RRef r1 = RRef::from_ivalue(job[0].rpc_sync("worker1", "ag.make_weight", {int64_t{31}}));
+  for (int i = 0; i < 3; ++i) {
+    DistributedOptimizer opt(job[0], optim::sgd(0.1), {r1});
+    dist_autograd::Context ctx(job[0]);
+    at::Tensor y = r1.rpc_sync("ag.layer", {at::ones({4})}).toTensor();
+    job[0].autograd().backward(ctx.id(), {y.sum()}, false);
+    opt.step(ctx.id());
+  }
+  // Every DistributedOptimizer of this suite is gone: no owner still hosts an optimizer.
+  for (int w = 0; w < job.size(); ++w) {
+    for (int64_t id = 0; id < 50; ++id) {
+      EXPECT_FALSE(job[0].rpc_sync("worker" + std::to_string(w), "drpc.optim.release", {id}).toBool())
+          << "optimizer " << id << " still on worker" << w;
+    }
+  }
+}
+
+// Every worker trains through the others with as many concurrent contexts as it has
+// handler threads: a backward pass must not hold a handler thread while the rest of its
+// chain works, or the passes wait on one another until they time out.
+TEST_F(DistAutogradTest, ConcurrentBackwardPassesOnEveryWorkerDoNotStarveTheHandlers) {
+  Job& job = *job_;
+  constexpr int kPerWorker = 4;  // Job's handler threads per worker
+  std::vector<std::thread> trainers;
+  std::vector<std::string> failures(job.size() * kPerWorker);
+  for (int w = 0; w < job.size(); ++w) {
+    for (int t = 0; t < kPerWorker; ++t) {
+      trainers.emplace_back([&, w, t] {
+        try {
+          const std::string a = "worker" + std::to_string((w + 1) % job.size());
+          const std::string b = "worker" + std::to_string((w + 2) % job.size());
+          for (int i = 0; i < 5; ++i) {
+            at::Tensor x = leaf(100 * w + 10 * t + i);
+            dist_autograd::Context ctx(job[w]);
+            at::Tensor h = job[w].rpc_sync(a, "ag.affine", {x, 2.0}).toTensor();
+            at::Tensor y = job[w].rpc_sync(b, "ag.affine", {h, 3.0}).toTensor();
+            job[w].autograd().backward(ctx.id(), {y.sum()}, false);
+            at::Tensor xl = x.detach().clone().set_requires_grad(true);
+            local_affine(local_affine(xl, 2.0), 3.0).sum().backward();
+            if (!at::allclose(grad_of(job[w].autograd().gradients(ctx.id()), x), xl.grad(), 1e-5, 1e-6)) {
+              throw std::runtime_error("wrong gradient");
+            }
+          }
+        } catch (const std::exception& e) {
+          failures[w * kPerWorker + t] = e.what();
+        }
+      });
+    }
+  }
+  for (auto& t : trainers) t.join();
+  for (size_t i = 0; i < failures.size(); ++i) EXPECT_EQ(failures[i], "") << "trainer " << i;
+}
+
 TEST_F(DistAutogradTest, AnExceptionInARemoteBackwardFailsBackwardNamingTheWorker) {
   Job& job = *job_;
   dist_autograd::Context ctx(job[0]);
