@@ -6,6 +6,7 @@
 #include <ATen/ops/minimum.h>
 #include <glog/logging.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <list>
@@ -797,8 +798,10 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
 
   const CollectiveOptions options_;
   std::unique_ptr<Transport> transport_;
-  int rank_ = -1;
-  int size_ = 0;
+  // Set once the transport exists, but its callbacks (on_frame, on_peer_failed) can run
+  // during its construction, on its threads: atomics.
+  std::atomic<int> rank_{-1};
+  std::atomic<int> size_{0};
   std::thread collective_thread_;
 
   std::mutex mu_;
