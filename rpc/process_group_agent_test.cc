@@ -107,6 +107,20 @@ TEST(ProcessGroupAgent, HandlerErrorsAndUnknownTypesComeBackWithTheirKind) {
   EXPECT_THROW(agents[0].worker("nobody"), Error);
 }
 
+TEST(ProcessGroupAgent, ErrorTextThatIsNotUtf8StillComesBack) {
+  Agents agents(2);
+  const std::string binary = "bad \xff\xfe bytes";
+  agents[1].register_handler(kEcho, [binary](const WorkerInfo&, Message) -> FuturePtr {
+    throw Error(ErrorKind::kBadArgument, binary);
+  });
+  agents[0].start();
+  agents[1].start();
+  const std::string what = "f\xc3";  // a call label cut inside a UTF-8 sequence
+  Error e = error_of(agents[0].send(agents[0].worker(1), Message{kEcho, "", {}}, milliseconds(5000), what));
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument) << e.what();
+  EXPECT_NE(std::string(e.what()).find(binary), std::string::npos) << e.what();
+}
+
 TEST(ProcessGroupAgent, InterceptorsSeeAndRewriteEveryMessage) {
   Agents agents(2);
   std::atomic<int> sent{0}, received{0};
