@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "common/utf8.h"
+
 namespace drpc {
 namespace {
 
@@ -15,7 +17,8 @@ std::unique_ptr<std::atomic<int64_t>[]> zeros(size_t n) {
   return std::unique_ptr<std::atomic<int64_t>[]>(new std::atomic<int64_t>[n]());
 }
 
-std::string escape_label(const std::string& value) {
+std::string escape_label(const std::string& raw) {
+  const std::string value = valid_utf8(raw);  // the format is UTF-8; names from peers may not be
   std::string out;
   out.reserve(value.size());
   for (char c : value) {

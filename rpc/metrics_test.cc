@@ -8,6 +8,7 @@
 #include <map>
 #include <thread>
 
+#include "common/utf8.h"
 #include "rpc/metrics.h"
 #include "rpc/profiler.h"
 
@@ -152,6 +153,19 @@ TEST(Metrics, PrometheusTextHasEveryFamilyAndEscapesLabels) {
   EXPECT_NE(summary.find("a\\b x1"), std::string::npos) << summary;
 }
 
+TEST(Metrics, NamesThatAreNotUtf8BecomeValidUtf8InTheText) {
+  EXPECT_EQ(valid_utf8("ok \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "ok \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  EXPECT_EQ(valid_utf8("a\xff" "b"), "a\xef\xbf\xbd" "b");
+  EXPECT_EQ(valid_utf8("\xc3"), "\xef\xbf\xbd");          // cut short
+  EXPECT_EQ(valid_utf8("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // a surrogate
+  EXPECT_EQ(valid_utf8("\xc0\xaf"), "\xef\xbf\xbd\xef\xbf\xbd");  // overlong
+  Metrics m("w0", 0, {"w0", "w1"});
+  m.call_received(m.function("f\xff"), 1);
+  const std::string text = to_prometheus_text(m.snapshot());
+  EXPECT_NE(text.find("function=\"f\xef\xbf\xbd\""), std::string::npos) << text;
+  EXPECT_EQ(text.find('\xff'), std::string::npos);
+}
+
 TEST(Tracer, ActiveOnlyWhileProfilingOrServingAProfiledRequest) {
   Tracer tracer;
   EXPECT_FALSE(tracer.active());
@@ -208,6 +222,7 @@ TEST(ChromeTrace, IsJsonWithProcessesThreadsAndCompleteEvents) {
       {"send", "send", 0, 11, "main", 5000, 100, {}, 2, 1},  // part of the call
       {"f\"n", "execute", 1, 22, "handler 0", 5500, 2000, {}, 3, 0},
   };
+  events.push_back(TraceEvent{"not utf-8 \xff", "queue", 1, 22, "handler 0", 5600, 100, {}, 4, 3});
   const std::string json = to_chrome_trace(events, {"w0", "w1"});
   google::protobuf::Struct root;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &root).ok()) << json;
@@ -237,7 +252,7 @@ TEST(ChromeTrace, IsJsonWithProcessesThreadsAndCompleteEvents) {
       ++thread_names;
     }
   }
-  EXPECT_EQ(complete, 3);
+  EXPECT_EQ(complete, 4);
   EXPECT_EQ(process_names, 2);
   EXPECT_EQ(thread_names, 2);
 }

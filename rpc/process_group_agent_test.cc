@@ -381,6 +381,16 @@ TEST(ProcessGroupAgent, AProfiledCallChainComesBackWithEveryWorkersSpansOnTheCal
   EXPECT_EQ(exec1.thread.rfind("handler ", 0), 0u) << exec1.thread;
   EXPECT_NE(exec1.tid, call.tid);
 
+  // A name that is not UTF-8 travels in the spans too (as bytes: a proto3 string would
+  // make the reply unparseable and the call time out).
+  tracers[0]->start();
+  auto odd = agents[0].send(agents[0].worker(2), Message{kEcho, "x", {}}, milliseconds(5000), "echo\xff");
+  odd->wait();
+  EXPECT_FALSE(odd->hasError());
+  bool executed = false;
+  for (const auto& e : tracers[0]->stop()) executed = executed || (e.category == "execute" && e.name == "echo\xff");
+  EXPECT_TRUE(executed);
+
   // Not profiling: nothing is recorded, nothing asks callees to.
   EXPECT_FALSE(tracers[0]->active());
   agents[0].send(agents[0].worker(1), Message{kChain, "cd", {}}, milliseconds(5000), "chain")->wait();

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/utf8.h"
 
 namespace drpc {
 namespace {
@@ -27,9 +28,9 @@ thread_local int64_t tls_tid = 0;
 thread_local std::string tls_thread_name;
 thread_local bool tls_thread_named = false;  // explicitly, not the default
 
-void json_string(std::ostream& out, const std::string& s) {
+void json_string(std::ostream& out, const std::string& raw) {
   out << '"';
-  for (unsigned char c : s) {
+  for (unsigned char c : valid_utf8(raw)) {  // JSON is UTF-8; names from peers may not be
     switch (c) {
       case '"': out << "\\\""; break;
       case '\\': out << "\\\\"; break;
