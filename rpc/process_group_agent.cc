@@ -129,6 +129,7 @@ class ProcessGroupAgent final : public RpcAgent {
     });
   }
   void add_peer_failure_listener(PeerFailureListener listener) override {
+    std::lock_guard<std::mutex> lock(mu_);  // a peer can fail before start(), on a network thread
     peer_failure_listeners_.push_back(std::move(listener));
   }
 
@@ -435,8 +436,10 @@ class ProcessGroupAgent final : public RpcAgent {
 
   void on_peer_failed(int rank, const Error& reason) {
     std::vector<Pending> failed;
+    std::vector<PeerFailureListener> listeners;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      listeners = peer_failure_listeners_;
       for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->second.dst == rank) {
           if (it->second.deadline != Clock::time_point::max()) erase_deadline(it->second.deadline, it->first);
@@ -449,7 +452,7 @@ class ProcessGroupAgent final : public RpcAgent {
     }
     idle_cv_.notify_all();
     // Listeners first: whoever sees a call fail then also sees the layers' cleanup done.
-    for (const auto& listener : peer_failure_listeners_) listener(workers_[rank], reason);
+    for (const auto& listener : listeners) listener(workers_[rank], reason);
     for (auto& p : failed) {
       call_failed(p, ErrorKind::kPeerUnavailable);
       p.future->setErrorIfNeeded(std::make_exception_ptr(
@@ -686,7 +689,7 @@ class ProcessGroupAgent final : public RpcAgent {
   std::map<int32_t, Handler> handlers_;       // set before start()
   std::set<int32_t> inline_types_;            // set before start()
   std::vector<Interceptor> interceptors_;     // set before start()
-  std::vector<PeerFailureListener> peer_failure_listeners_;  // set before start()
+  std::vector<PeerFailureListener> peer_failure_listeners_;  // guarded by mu_
   std::atomic<int64_t> next_id_{1};
   std::thread timer_;
   std::vector<std::thread> pool_;
