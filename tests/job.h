@@ -62,11 +62,22 @@ class Job {
 // A latch the test opens: functions under test block on it instead of sleeping.
 class Gate {
  public:
+  // Opens, then waits for every waiter to be out of wait(): a handler woken by release()
+  // (one whose call already timed out, say) may still be on its way out when the test ends.
+  ~Gate() {
+    std::unique_lock<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return inside_ == 0; });
+  }
   void wait() {
     std::unique_lock<std::mutex> lock(mu_);
     ++waiting_;
+    ++inside_;
     cv_.notify_all();
     cv_.wait(lock, [&] { return open_; });
+    --inside_;
+    cv_.notify_all();
   }
   void wait_for_waiters(int n) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -83,6 +94,7 @@ class Gate {
   std::condition_variable cv_;
   bool open_ = false;
   int waiting_ = 0;
+  int inside_ = 0;  // threads in wait()
 };
 
 }  // namespace testing

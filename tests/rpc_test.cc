@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/api/module.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -28,7 +29,8 @@ using testing::expect_error;
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-Gate* g_gate = nullptr;
+// Set by the test on its thread, read by handlers on the workers': atomic.
+std::atomic<Gate*> g_gate{nullptr};
 
 DRPC_REGISTER_FUNCTION("test.scale", [](at::Tensor t, double s) { return t * s; });
 DRPC_REGISTER_FUNCTION("test.concat", [](std::string a, int64_t b) { return a + std::to_string(b); });
@@ -36,7 +38,7 @@ DRPC_REGISTER_FUNCTION("test.nothing", []() {});
 DRPC_REGISTER_FUNCTION("test.fail", [](std::string why) -> int64_t { throw std::runtime_error(why); });
 DRPC_REGISTER_FUNCTION("test.whoami", []() { return current_runtime().get_worker_info().name; });
 DRPC_REGISTER_FUNCTION("test.blocked", [](int64_t x) {
-  g_gate->wait();
+  g_gate.load()->wait();
   return x;
 });
 // A -> B -> C: each hop adds its rank and passes on to the next name in `route`.
