@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <condition_variable>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -176,7 +177,7 @@ class RuntimeImpl final : public Runtime {
     agent_->start();
   }
 
-  ~RuntimeImpl() override { shutdown(false); }
+  ~RuntimeImpl() override { shutdown(false, std::chrono::milliseconds(0)); }
 
   WorkerInfo get_worker_info() const override { return agent_->self(); }
   WorkerInfo get_worker_info(const std::string& name) const override { return agent_->worker(name); }
@@ -184,15 +185,39 @@ class RuntimeImpl final : public Runtime {
 
   FuturePtr rpc_async(const std::string& to, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
                       std::chrono::milliseconds timeout) override {
-    const WorkerInfo dst = agent_->worker(to);
-    if (timeout == kDefaultTimeout) timeout = agent_->default_timeout();
-    ValueHooks hooks = rref_->hooks(dst.id);
-    Message request = encode_call(fn, args, kwargs, hooks);
-    FuturePtr reply = agent_->send(dst, std::move(request), timeout, fn);
-    return reply->then(
-        [hooks](c10::ivalue::Future& done) { return decode_result(message_from_ivalue(done.value()), hooks); },
-        c10::AnyType::get());
+    ValueHooks hooks;
+    FuturePtr reply = send_call(to, fn, args, kwargs, timeout, &hooks);
+    // The reply completes on a network thread; the user's future, and whatever its
+    // callbacks do, on a callback thread.
+    auto result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+    RpcAgent* agent = agent_.get();
+    reply->addCallback([agent, result, hooks](c10::ivalue::Future& done) {
+      agent->run_callback([result, hooks, done = FuturePtr::reclaim_copy(&done)] {
+        if (done->hasError()) {
+          result->setError(done->exception_ptr());
+          return;
+        }
+        try {
+          result->markCompleted(decode_result(message_from_ivalue(done->value()), hooks));
+        } catch (...) {
+          result->setError(std::current_exception());
+        }
+      });
+    });
+    return result;
   }
+
+  // Waits on the reply itself and decodes it here: no hop through a callback thread.
+  c10::IValue rpc_sync(const std::string& to, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                       std::chrono::milliseconds timeout) override {
+    ValueHooks hooks;
+    FuturePtr reply = send_call(to, fn, args, kwargs, timeout, &hooks);
+    reply->wait();
+    return decode_result(message_from_ivalue(reply->value()), hooks);  // value() rethrows the call's error
+  }
+
+  std::chrono::milliseconds rpc_timeout() const override { return agent_->default_timeout(); }
+  void set_rpc_timeout(std::chrono::milliseconds timeout) override { agent_->set_default_timeout(timeout); }
 
   RRef remote(const std::string& to, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
               std::chrono::milliseconds timeout) override {
@@ -221,24 +246,35 @@ class RuntimeImpl final : public Runtime {
   }
   std::shared_ptr<Tracer> tracer() override { return tracer_; }
 
-  void shutdown(bool graceful) override {
+  void shutdown(bool graceful, std::chrono::milliseconds timeout) override {
     std::lock_guard<std::mutex> lock(shutdown_mu_);
     if (shut_down_) return;
     shut_down_ = true;
     ScopedLogTag tag(&log_tag_);
     // The objects stay (until destruction) so later calls fail with kShutdown.
     if (graceful) {
-      // Pending forks settle, this worker's references are deleted, every worker waits
-      // for the job to go quiet: then whatever an owner still holds is a leak.
-      rref_->release_all(options_.rpc_timeout);
+      // As torch.distributed.rpc: first every worker reaches shutdown and the job goes
+      // quiet (so no RRef is deleted while another worker may still use it, nor a value
+      // this worker owns for others); then this worker's references are deleted, and once
+      // the owners have processed every delete, whatever an owner still holds is a leak.
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      auto left = [&] {
+        if (timeout.count() <= 0) return std::chrono::milliseconds(0);
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        if (ms.count() <= 0) throw Error(ErrorKind::kTimeout, "graceful shutdown took over " +
+                                                                  std::to_string(timeout.count()) + " ms");
+        return ms;
+      };
       try {
-        agent_->join();
+        agent_->join(left());
+        rref_->release_all(options_.rpc_timeout);
+        agent_->join(left());
         for (const auto& leak : rref_->leaks()) LOG(WARNING) << agent_->self().name << ": leaked " << leak;
       } catch (const Error& e) {
-        LOG(WARNING) << agent_->self().name << ": " << e.what();
+        LOG(WARNING) << agent_->self().name << ": graceful shutdown stops waiting: " << e.what();
       }
     }
-    agent_->shutdown(graceful);
+    agent_->shutdown(false);  // the job was joined above (or could not be)
     LOG(INFO) << summary_line(metrics());
     rref_->shutdown();
     group_->shutdown();
@@ -246,6 +282,16 @@ class RuntimeImpl final : public Runtime {
   }
 
  private:
+  // Encodes and sends a call; `hooks` receives the RRef hooks its reply decodes with.
+  FuturePtr send_call(const std::string& to, const std::string& fn, const std::vector<c10::IValue>& args,
+                      const Kwargs& kwargs, std::chrono::milliseconds timeout, ValueHooks* hooks) {
+    const WorkerInfo dst = agent_->worker(to);
+    if (timeout == kDefaultTimeout) timeout = agent_->default_timeout();
+    *hooks = rref_->hooks(dst.id);
+    Message request = encode_call(fn, args, kwargs, *hooks);
+    return agent_->send(dst, std::move(request), timeout, fn);
+  }
+
   FuturePtr serve_call(const WorkerInfo& from, const Message& request) {
     CurrentRuntime current(this);
     rpc::Call call;
@@ -342,13 +388,6 @@ std::unique_ptr<Runtime> Runtime::create(const std::string& name, int rank, int 
   return std::make_unique<RuntimeImpl>(name, rank, world_size, options);
 }
 
-c10::IValue Runtime::rpc_sync(const std::string& to, const std::string& fn, std::vector<c10::IValue> args,
-                              Kwargs kwargs, std::chrono::milliseconds timeout) {
-  FuturePtr future = rpc_async(to, fn, std::move(args), std::move(kwargs), timeout);
-  future->wait();
-  return future->value();  // rethrows the call's error
-}
-
 Runtime& current_runtime() {
   if (tls_runtime) return *tls_runtime;
   std::lock_guard<std::mutex> lock(default_mu());
@@ -384,11 +423,35 @@ c10::IValue rpc_sync(const std::string& to, const std::string& fn, std::vector<c
 }
 
 std::vector<c10::IValue> wait_all(const std::vector<FuturePtr>& futures) {
+  // Completes when all have, or with the first error at once.
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t left;
+    std::exception_ptr error;
+  };
+  auto state = std::make_shared<State>();
+  state->left = futures.size();
+  for (const auto& f : futures) {
+    f->addCallback([state](c10::ivalue::Future& done) {
+      std::lock_guard<std::mutex> lock(state->mu);
+      --state->left;
+      if (done.hasError() && !state->error) state->error = done.exception_ptr();
+      state->cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(state->mu);
+    state->cv.wait(lock, [&] { return state->left == 0 || state->error; });
+    if (state->error) std::rethrow_exception(state->error);
+  }
   std::vector<c10::IValue> values;
-  for (const auto& f : futures) f->wait();
   for (const auto& f : futures) values.push_back(f->value());
   return values;
 }
+
+void set_rpc_timeout(std::chrono::milliseconds timeout) { current_runtime().set_rpc_timeout(timeout); }
+std::chrono::milliseconds get_rpc_timeout() { return current_runtime().rpc_timeout(); }
 
 ProcessGroup& process_group() { return current_runtime().process_group(); }
 
@@ -471,13 +534,13 @@ c10::Dict<at::Tensor, at::Tensor> get_gradients(int64_t context_id) {
 
 }  // namespace dist_autograd
 
-void shutdown(bool graceful) {
+void shutdown(bool graceful, std::chrono::milliseconds timeout) {
   std::unique_ptr<Runtime> runtime;
   {
     std::lock_guard<std::mutex> lock(default_mu());
     runtime = std::move(default_runtime());
   }
-  if (runtime) runtime->shutdown(graceful);
+  if (runtime) runtime->shutdown(graceful, timeout);
 }
 
 // --- observability ---------------------------------------------------------------------

@@ -78,12 +78,19 @@ class Runtime {
   virtual std::vector<WorkerInfo> get_worker_infos() const = 0;
 
   // Runs function `fn` (see FunctionRegistry for names) on worker `to` and returns a
-  // future of its result; errors are drpc::Error with their kind.
+  // future of its result; errors are drpc::Error with their kind. The future completes,
+  // and its `then` callbacks run, on this worker's callback threads, never on a network
+  // thread: callbacks may make RPCs and wait on other futures.
   virtual FuturePtr rpc_async(const std::string& to, const std::string& fn, std::vector<c10::IValue> args = {},
                               Kwargs kwargs = {}, std::chrono::milliseconds timeout = kDefaultTimeout) = 0;
   // rpc_async(...) and wait: returns the result or throws its error.
-  c10::IValue rpc_sync(const std::string& to, const std::string& fn, std::vector<c10::IValue> args = {},
-                       Kwargs kwargs = {}, std::chrono::milliseconds timeout = kDefaultTimeout);
+  virtual c10::IValue rpc_sync(const std::string& to, const std::string& fn, std::vector<c10::IValue> args = {},
+                               Kwargs kwargs = {}, std::chrono::milliseconds timeout = kDefaultTimeout) = 0;
+
+  // The default timeout of the calls made from now on (kDefaultTimeout); 0 means none.
+  // Calls already made keep theirs. Throws kBadArgument for a negative one.
+  virtual std::chrono::milliseconds rpc_timeout() const = 0;
+  virtual void set_rpc_timeout(std::chrono::milliseconds timeout) = 0;
 
   // Runs `fn` on `to` and returns at once an RRef to the result, which stays on `to`.
   // Errors of the call are raised by to_here() and later uses.
@@ -105,8 +112,13 @@ class Runtime {
   // This worker's profiling switch (see Profiler).
   virtual std::shared_ptr<Tracer> tracer() = 0;
 
-  // graceful: waits until no worker has calls outstanding, then stops. Idempotent.
-  virtual void shutdown(bool graceful = true) = 0;
+  // graceful: waits until every live worker of the job has called shutdown and none has
+  // calls outstanding, however long that takes (this worker keeps serving meanwhile);
+  // then deletes this worker's RRefs, waits for the job to settle again, and stops.
+  // `timeout` (0: none) bounds the waiting; past it the worker stops anyway, with a
+  // warning. Peers known to be gone are not waited for. Not graceful: stops at once,
+  // failing what is pending with kShutdown. Idempotent.
+  virtual void shutdown(bool graceful = true, std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) = 0;
 };
 
 // --- the default runtime of this process, as in torch.distributed.rpc ------------------
@@ -126,10 +138,14 @@ c10::IValue rpc_sync(const std::string& to, const std::string& fn, std::vector<c
                      Kwargs kwargs = {}, std::chrono::milliseconds timeout = kDefaultTimeout);
 RRef remote(const std::string& to, const std::string& fn, std::vector<c10::IValue> args = {}, Kwargs kwargs = {},
            std::chrono::milliseconds timeout = kDefaultTimeout);
-// Waits for every future; returns their values, or throws the first error.
+// Waits for every future and returns their values; throws the first error as soon as any
+// future fails, without waiting for the others (as torch.futures.wait_all does).
 std::vector<c10::IValue> wait_all(const std::vector<FuturePtr>& futures);
 ProcessGroup& process_group();
-void shutdown(bool graceful = true);
+// current_runtime().set_rpc_timeout / rpc_timeout (torch's _set_rpc_timeout, get_rpc_timeout).
+void set_rpc_timeout(std::chrono::milliseconds timeout);
+std::chrono::milliseconds get_rpc_timeout();
+void shutdown(bool graceful = true, std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
 namespace dist_autograd {
 

@@ -40,16 +40,20 @@ class FaultyAgent final : public RpcAgent {
   void set_instruments(Metrics* metrics, Tracer* tracer) override { inner_->set_instruments(metrics, tracer); }
   void start() override { inner_->start(); }
   void run_on_pool(std::function<void()> task) override { inner_->run_on_pool(std::move(task)); }
-  void join() override {
+  using RpcAgent::join;
+  void run_callback(std::function<void()> task) override { inner_->run_callback(std::move(task)); }
+  void set_default_timeout(std::chrono::milliseconds timeout) override { inner_->set_default_timeout(timeout); }
+  void join(std::chrono::milliseconds timeout) override {
     // Delayed sends count as outstanding: wait for them to leave first.
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return delayed_.empty() || stopped_; });
     lock.unlock();
-    inner_->join();
+    inner_->join(timeout);
   }
   void shutdown(bool graceful) override {
+    // One join, as every other agent's graceful shutdown makes (joins are job-wide).
     if (graceful) join();
-    inner_->shutdown(graceful);
+    inner_->shutdown(false);
   }
 
   FuturePtr send(const WorkerInfo& to, Message request, std::chrono::milliseconds timeout,

@@ -12,6 +12,9 @@ namespace drpc {
 // (RRef control messages from 100, autograd from 200).
 enum MessageType : int32_t {
   kCallRequest = 1,  // payload: rpc::Call; reply payload: a Value
+  // The agent's own, never passed to handlers.
+  kJoinReport = 2,   // payload: rpc::JoinReport, to the join's leader
+  kJoinVerdict = 3,  // payload: rpc::JoinVerdict, from the join's leader
 };
 
 // One request or reply between agents: opaque header bytes for its type plus tensors.

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/callback_pool.h"
 #include "common/logging.h"
 #include "rpc/metrics.h"
 #include "rpc/profiler.h"
@@ -74,12 +75,24 @@ ErrorKind kind_of(const rpc::Envelope& e) {
 class ProcessGroupAgent final : public RpcAgent {
  public:
   ProcessGroupAgent(ProcessGroup& group, std::vector<WorkerInfo> workers, const AgentOptions& options)
-      : group_(group), workers_(std::move(workers)), options_(options) {
+      : group_(group),
+        workers_(std::move(workers)),
+        options_(options),
+        default_timeout_ms_(options.default_timeout.count()),
+        callbacks_([this](const std::function<void()>& serve) {
+          ScopedLogTag tag(&log_tag_);
+          set_current_thread_name("callback");
+          serve();
+        }) {
     if (static_cast<int>(workers_.size()) != group_.size()) {
       throw Error(ErrorKind::kBadArgument, "the agent needs one worker per rank");
     }
     self_ = workers_.at(group_.rank());
     log_tag_ = make_log_tag(self_.name, self_.id);
+    const size_t n = workers_.size();
+    dead_.assign(n, false);
+    sent_to_.assign(n, 0);
+    answered_from_.assign(n, 0);
     group_.set_message_listener(MessageListener{
         [this](int source, PgMessage message) { on_message(source, std::move(message)); },
         [this](int rank, const Error& reason) { on_peer_failed(rank, reason); }});
@@ -109,7 +122,11 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   std::vector<WorkerInfo> workers() const override { return workers_; }
-  milliseconds default_timeout() const override { return options_.default_timeout; }
+  milliseconds default_timeout() const override { return milliseconds(default_timeout_ms_.load()); }
+  void set_default_timeout(milliseconds timeout) override {
+    if (timeout.count() < 0) throw Error(ErrorKind::kBadArgument, "an RPC timeout cannot be negative");
+    default_timeout_ms_ = timeout.count();
+  }
 
   void register_handler(int32_t type, Handler handler, bool run_inline) override {
     handlers_[type] = std::move(handler);
@@ -175,7 +192,7 @@ class ProcessGroupAgent final : public RpcAgent {
         if (deadlines_.begin()->second == id) timer_cv_.notify_all();
       }
       pending_.emplace(id, std::move(pending));
-      if (dst.id != self_.id) ++requests_sent_;
+      if (dst.id != self_.id) ++sent_to_[dst.id];
     }
     if (metrics_) {
       metrics_->call_sent(fn, dst.id);
@@ -211,34 +228,75 @@ class ProcessGroupAgent final : public RpcAgent {
     pool_cv_.notify_one();
   }
 
+  using RpcAgent::join;
+  void run_callback(std::function<void()> task) override { callbacks_.run(std::move(task)); }
+
   void start() override {
-    std::deque<std::pair<int, PgMessage>> held;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (started_) return;
-      started_ = true;
-      held.swap(held_);
+      if (starting_) return;
+      starting_ = true;
     }
     for (int i = 0; i < options_.num_threads; ++i) pool_.emplace_back([this, i] { pool_loop(i); });
-    for (auto& [source, message] : held) on_message(source, std::move(message));
-  }
-
-  void join() override {
+    // Messages keep arriving while the held ones are served: they queue behind them until
+    // none is left, so each peer's messages are served in the order it sent them.
     while (true) {
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        idle_cv_.wait(lock, [&] { return stopped_ || (pending_.empty() && processing_ == 0); });
-        if (stopped_) return;
-      }
-      // Every request sent anywhere has been answered once the job-wide totals agree and
-      // every worker was idle when it counted.
-      at::Tensor counts;
+      std::deque<std::pair<int, PgMessage>> held;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        counts = at::tensor({requests_sent_, requests_answered_}, at::kLong);
+        if (held_.empty()) {
+          started_ = true;
+          return;
+        }
+        held.swap(held_);
       }
-      group_.allreduce(counts, ReduceOp::kSum)->wait();
-      if (counts[0].item<int64_t>() == counts[1].item<int64_t>()) return;
+      for (auto& [source, message] : held) process_message(source, std::move(message));
+    }
+  }
+
+  // Each round: once idle, report this worker's counts to the leader and wait for its
+  // verdict; a new round when some request was still on its way, a new report when the
+  // leader changes (it died).
+  void join(milliseconds timeout) override {
+    const auto deadline = timeout.count() > 0 ? Clock::now() + timeout : Clock::time_point::max();
+    std::vector<Outgoing> outbox;
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t generation = ++join_generation_;
+    int64_t round = 0;
+    int reported_to = -1;  // the leader this round's report went to
+    while (true) {
+      if (stopped_) throw Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " stopped while joining the job");
+      if (join_done_generation_ >= generation) return;
+      auto retry = join_retry_.find(generation);
+      if (retry != join_retry_.end() && retry->second > round) {
+        round = retry->second;
+        reported_to = -1;
+      }
+      const int leader = leader_locked();
+      if (reported_to != leader && pending_.empty() && processing_ == 0) {
+        rpc::JoinReport report;
+        report.set_generation(generation);
+        report.set_round(round);
+        for (int64_t n : sent_to_) report.add_sent_to(n);
+        for (int64_t n : answered_from_) report.add_answered_from(n);
+        reported_to = leader;
+        VLOG(1) << "join " << generation << " round " << round << ": reporting to " << workers_[leader].name;
+        if (leader == self_.id) {
+          on_join_report_locked(self_.id, report, &outbox);
+        } else {
+          outbox.push_back(Outgoing{leader, kJoinReport, report.SerializeAsString()});
+        }
+        lock.unlock();
+        send_all(std::move(outbox));
+        outbox.clear();
+        lock.lock();
+        continue;
+      }
+      if (idle_cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
+        throw Error(ErrorKind::kTimeout, self_.name + " waited " + std::to_string(timeout.count()) +
+                                             " ms for the job's workers to join (leader " +
+                                             workers_[leader_locked()].name + ")");
+      }
     }
   }
 
@@ -251,7 +309,6 @@ class ProcessGroupAgent final : public RpcAgent {
     if (graceful) {
       try {
         join();
-        group_.barrier()->wait(options_.default_timeout);
       } catch (const Error& e) {
         LOG(WARNING) << self_.name << ": graceful shutdown could not wait for the job: " << e.what();
       }
@@ -276,6 +333,7 @@ class ProcessGroupAgent final : public RpcAgent {
       if (t.joinable()) t.join();
     }
     if (timer_.joinable()) timer_.join();
+    callbacks_.close();  // runs what the failed calls queued
   }
 
  private:
@@ -321,7 +379,6 @@ class ProcessGroupAgent final : public RpcAgent {
 
   // --- network threads -----------------------------------------------------------------
   void on_message(int source, PgMessage raw) {
-    const int64_t arrival_ns = steady_now_ns();
     name_current_thread_if_unnamed("network");
     ScopedLogTag tag(&log_tag_);
     {
@@ -333,6 +390,11 @@ class ProcessGroupAgent final : public RpcAgent {
         return;
       }
     }
+    process_message(source, std::move(raw));
+  }
+
+  void process_message(int source, PgMessage raw) {
+    const int64_t arrival_ns = steady_now_ns();
     if (metrics_) {
       metrics_->bytes_received(source, static_cast<int64_t>(raw.header.size()) + tensor_bytes(raw.tensors));
     }
@@ -340,6 +402,10 @@ class ProcessGroupAgent final : public RpcAgent {
     if (!envelope.ParseFromString(raw.header)) {
       if (metrics_) metrics_->error(false, ErrorKind::kProtocol);
       LOG(ERROR) << self_.name << ": dropping a malformed message from " << workers_[source].name;
+      return;
+    }
+    if (envelope.type() == kJoinReport || envelope.type() == kJoinVerdict) {
+      on_join_message(source, envelope);
       return;
     }
     Message message{envelope.type(), std::move(*envelope.mutable_payload()), std::move(raw.tensors)};
@@ -437,9 +503,14 @@ class ProcessGroupAgent final : public RpcAgent {
   void on_peer_failed(int rank, const Error& reason) {
     std::vector<Pending> failed;
     std::vector<PeerFailureListener> listeners;
+    std::vector<Outgoing> outbox;
     {
       std::lock_guard<std::mutex> lock(mu_);
       listeners = peer_failure_listeners_;
+      // A join no longer waits for it: the reports in hand may now be complete, and if it
+      // led, the next live rank leads (workers waiting report again).
+      dead_[rank] = true;
+      for (auto& [generation, state] : leading_) evaluate_join_locked(generation, &outbox);
       for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->second.dst == rank) {
           if (it->second.deadline != Clock::time_point::max()) erase_deadline(it->second.deadline, it->first);
@@ -451,6 +522,7 @@ class ProcessGroupAgent final : public RpcAgent {
       }
     }
     idle_cv_.notify_all();
+    send_all(std::move(outbox));
     // Listeners first: whoever sees a call fail then also sees the layers' cleanup done.
     for (const auto& listener : listeners) listener(workers_[rank], reason);
     for (auto& p : failed) {
@@ -458,6 +530,137 @@ class ProcessGroupAgent final : public RpcAgent {
       p.future->setErrorIfNeeded(std::make_exception_ptr(
           Error(ErrorKind::kPeerUnavailable, "rpc " + p.what + " to " + workers_[rank].name + " failed: " +
                                                  workers_[rank].name + " is unavailable (" + reason.message() + ")")));
+    }
+  }
+
+  // --- the job-wide join ----------------------------------------------------------------
+  struct Outgoing {
+    int dst;
+    int32_t type;
+    std::string payload;
+  };
+  // What this worker knows of a join it leads (or might: a report can reach the next rank
+  // before it learns that the leader died).
+  struct JoinRound {
+    int64_t round = 0;
+    bool done = false;
+    std::map<int, rpc::JoinReport> reports;  // by rank, for `round`
+  };
+
+  int leader_locked() const {
+    for (int r = 0; r < static_cast<int>(dead_.size()); ++r) {
+      if (!dead_[r]) return r;
+    }
+    return self_.id;
+  }
+
+  // Join messages go straight to the process group: they are not requests, so they count
+  // in nobody's totals.
+  void send_all(std::vector<Outgoing> outbox) {
+    for (auto& out : outbox) {
+      rpc::Envelope envelope;
+      envelope.set_type(out.type);
+      envelope.set_payload(std::move(out.payload));
+      try {
+        group_.send_message(out.dst, PgMessage{envelope.SerializeAsString(), {}});
+      } catch (const Error& e) {
+        VLOG(1) << "join message to " << workers_[out.dst].name << " not sent: " << e.what();  // it is gone
+      }
+    }
+  }
+
+  void on_join_message(int source, const rpc::Envelope& envelope) {
+    std::vector<Outgoing> outbox;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (envelope.type() == kJoinReport) {
+        rpc::JoinReport report;
+        const size_t n = workers_.size();
+        if (!report.ParseFromString(envelope.payload()) || report.sent_to_size() != static_cast<int>(n) ||
+            report.answered_from_size() != static_cast<int>(n) || report.generation() <= 0 || report.round() < 0) {
+          LOG(ERROR) << self_.name << ": dropping a malformed join report from " << workers_[source].name;
+          return;
+        }
+        on_join_report_locked(source, report, &outbox);
+      } else {
+        rpc::JoinVerdict verdict;
+        if (!verdict.ParseFromString(envelope.payload())) {
+          LOG(ERROR) << self_.name << ": dropping a malformed join verdict from " << workers_[source].name;
+          return;
+        }
+        on_join_verdict_locked(verdict);
+      }
+    }
+    idle_cv_.notify_all();
+    send_all(std::move(outbox));
+  }
+
+  void on_join_report_locked(int source, const rpc::JoinReport& report, std::vector<Outgoing>* outbox) {
+    JoinRound& state = leading_[report.generation()];
+    if (state.done) {  // a report sent again to a new leader after the verdict
+      send_verdict_locked(source, report.generation(), state.round, true, outbox);
+      return;
+    }
+    if (report.round() < state.round) return;  // a verdict asking for a later round is on its way
+    if (report.round() > state.round) {
+      // Its last leader asked for this round: ask the others too (reports of older rounds
+      // no longer count).
+      state.round = report.round();
+      state.reports.clear();
+      for (int r = 0; r < static_cast<int>(dead_.size()); ++r) {
+        if (!dead_[r] && r != source) send_verdict_locked(r, report.generation(), state.round, false, outbox);
+      }
+    }
+    state.reports[source] = report;
+    evaluate_join_locked(report.generation(), outbox);
+  }
+
+  // The job is quiet when every live worker has reported this round, idle, and every
+  // request between live workers that one counted as sent the other counted as answered.
+  void evaluate_join_locked(int64_t generation, std::vector<Outgoing>* outbox) {
+    JoinRound& state = leading_[generation];
+    if (state.done) return;
+    const int n = static_cast<int>(dead_.size());
+    for (int r = 0; r < n; ++r) {
+      if (!dead_[r] && !state.reports.count(r)) return;
+    }
+    bool quiet = true;
+    for (int i = 0; i < n && quiet; ++i) {
+      for (int j = 0; j < n && quiet; ++j) {
+        if (i == j || dead_[i] || dead_[j]) continue;
+        quiet = state.reports[i].sent_to(j) == state.reports[j].answered_from(i);
+      }
+    }
+    if (quiet) {
+      state.done = true;
+    } else {
+      ++state.round;
+      state.reports.clear();
+    }
+    VLOG(1) << "join " << generation << (quiet ? ": the job is quiet" : ": requests in flight, round ") << state.round;
+    for (int r = 0; r < n; ++r) {
+      if (!dead_[r]) send_verdict_locked(r, generation, state.round, quiet, outbox);
+    }
+  }
+
+  void send_verdict_locked(int dst, int64_t generation, int64_t round, bool done, std::vector<Outgoing>* outbox) {
+    rpc::JoinVerdict verdict;
+    verdict.set_generation(generation);
+    verdict.set_round(round);
+    verdict.set_done(done);
+    if (dst == self_.id) {
+      on_join_verdict_locked(verdict);
+    } else {
+      outbox->push_back(Outgoing{dst, kJoinVerdict, verdict.SerializeAsString()});
+    }
+  }
+
+  void on_join_verdict_locked(const rpc::JoinVerdict& verdict) {
+    if (verdict.done()) {
+      join_done_generation_ = std::max(join_done_generation_, verdict.generation());
+    } else {
+      int64_t& round = join_retry_[verdict.generation()];
+      round = std::max(round, verdict.round());
     }
   }
 
@@ -562,7 +765,7 @@ class ProcessGroupAgent final : public RpcAgent {
     {
       std::lock_guard<std::mutex> lock(mu_);
       --processing_;
-      if (source != self_.id) ++requests_answered_;
+      if (source != self_.id) ++answered_from_[source];
     }
     idle_cv_.notify_all();
   }
@@ -694,12 +897,15 @@ class ProcessGroupAgent final : public RpcAgent {
   std::thread timer_;
   std::vector<std::thread> pool_;
 
+  std::atomic<int64_t> default_timeout_ms_;
+
   std::mutex mu_;
   std::condition_variable pool_cv_;
   std::condition_variable timer_cv_;
   std::condition_variable idle_cv_;
   // Guarded by mu_.
-  bool started_ = false;
+  bool starting_ = false;
+  bool started_ = false;  // every held message has been served
   bool shutting_down_ = false;
   bool stopped_ = false;
   std::map<int64_t, Pending> pending_;
@@ -707,8 +913,16 @@ class ProcessGroupAgent final : public RpcAgent {
   std::deque<std::function<void()>> queue_;
   std::deque<std::pair<int, PgMessage>> held_;
   int64_t processing_ = 0;
-  int64_t requests_sent_ = 0;
-  int64_t requests_answered_ = 0;
+  std::vector<int64_t> sent_to_;        // requests sent, by rank (not to oneself)
+  std::vector<int64_t> answered_from_;  // requests answered, by rank (not from oneself)
+  std::vector<bool> dead_;              // peers known gone
+  int64_t join_generation_ = 0;         // calls of join() so far
+  int64_t join_done_generation_ = 0;    // the last join the leader declared done
+  std::map<int64_t, int64_t> join_retry_;  // generation -> round a verdict asked for
+  std::map<int64_t, JoinRound> leading_;   // generation -> reports this worker collected
+
+  // Last: its threads run callbacks that use the members above; destroyed (closed) first.
+  CallbackPool callbacks_;
 };
 
 }  // namespace

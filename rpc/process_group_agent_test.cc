@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <tuple>
 
@@ -207,6 +209,84 @@ TEST(ProcessGroupAgent, JoinWaitsForCallsAnywhereInTheJob) {
   j1.join();
   EXPECT_EQ(joined.load(), 2);
   EXPECT_TRUE(call->completed() && !call->hasError());
+}
+
+// A message that arrives while start() serves the held ones waits behind them: each
+// peer's messages are served in the order it sent them.
+TEST(ProcessGroupAgent, MessagesArrivingDuringStartUpDoNotOvertakeHeldOnes) {
+  Agents agents(2);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> served;
+  FuturePtr second;
+  agents[1].register_handler(
+      kEcho,
+      [&](const WorkerInfo&, Message request) {
+        if (request.payload == "first") {
+          // Sent while the held "first" is being served; it must not be served before
+          // "first" is done, so give it the chance to overtake, bounded.
+          second = agents[0].send(agents[0].worker(1), Message{kEcho, "second", {}}, milliseconds(5000), "echo");
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait_for(lock, milliseconds(500), [&] { return !served.empty(); });
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          served.push_back(request.payload);
+        }
+        cv.notify_all();
+        auto reply = make_message_future();
+        reply->markCompleted(message_to_ivalue(Message{kEcho, request.payload, {}}));
+        return reply;
+      },
+      /*run_inline=*/true);  // served in arrival order, on the thread that dispatches it
+  agents[0].start();
+  auto first = agents[0].send(agents[0].worker(1), Message{kEcho, "first", {}}, milliseconds(5000), "echo");
+  // A point-to-point tensor behind it on the same queue: once it is here, "first" is held.
+  agents.groups[0]->send({at::ones({1})}, 1, 7)->wait();
+  agents.groups[1]->recv({at::empty({1})}, 0, 7)->wait();
+  agents[1].start();
+  first->wait();
+  second->wait();
+  EXPECT_EQ(served, (std::vector<std::string>{"first", "second"}));
+}
+
+// A join waits for every worker however long it takes, but not for one that is gone,
+// even when the gone one led the join.
+TEST(ProcessGroupAgent, JoinDoesNotWaitForGoneWorkersEvenTheLeader) {
+  Agents agents(3);
+  for (int r = 0; r < 3; ++r) agents[r].start();
+  std::atomic<int> joined{0};
+  std::thread j1([&] { agents[1].join(); ++joined; });
+  std::thread j2([&] { agents[2].join(); ++joined; });
+  // Still waiting for worker 0, the leader; while they wait they serve.
+  agents[1].register_handler(kEcho, echo_handler());
+  EXPECT_EQ(joined.load(), 0);
+  agents.groups[0]->shutdown();  // worker 0 leaves without joining
+  j1.join();
+  j2.join();
+  EXPECT_EQ(joined.load(), 2);
+}
+
+TEST(ProcessGroupAgent, JoinCanBeBoundedAndServesMeanwhile) {
+  Agents agents(2);
+  for (int r = 0; r < 2; ++r) agents[r].register_handler(kEcho, echo_handler());
+  for (int r = 0; r < 2; ++r) agents[r].start();
+  std::atomic<bool> timed_out{false};
+  std::thread j0([&] {
+    try {
+      agents[0].join(milliseconds(300));
+    } catch (const Error& e) {
+      timed_out = e.kind() == ErrorKind::kTimeout && std::string(e.what()).find("join") != std::string::npos;
+    }
+  });
+  // Worker 0 answers while it waits in join.
+  for (int i = 0; i < 10; ++i) {
+    auto f = agents[1].send(agents[1].worker(0), Message{kEcho, "x", {}}, milliseconds(5000), "echo");
+    f->wait();
+    EXPECT_FALSE(f->hasError());
+  }
+  j0.join();
+  EXPECT_TRUE(timed_out.load());
 }
 
 TEST(ProcessGroupAgent, ShutdownFailsPendingCallsAndLaterSends) {

@@ -66,8 +66,10 @@ class RpcAgent {
   virtual WorkerInfo worker(int id) const = 0;
   virtual std::vector<WorkerInfo> workers() const = 0;
 
-  // The job's default deadline for send().
+  // The job's default deadline for send(); set_default_timeout changes it for the calls
+  // made from then on (0: none), like torch's _set_rpc_timeout.
   virtual std::chrono::milliseconds default_timeout() const = 0;
+  virtual void set_default_timeout(std::chrono::milliseconds timeout) = 0;
 
   // Sends `request` to `to` (which may be this worker) and returns a future of the reply
   // Message. It fails with an Error: kTimeout once `timeout` passes (0: never), naming `to`
@@ -99,12 +101,21 @@ class RpcAgent {
   // can run on network threads). Dropped after shutdown.
   virtual void run_on_pool(std::function<void()> task) = 0;
 
+  // Runs `task` on a callback thread: never a network or handler thread, and one that may
+  // block (make RPCs, wait on futures), since the callback threads grow when all are
+  // busy. Where futures handed to users complete, so their `then` callbacks run there.
+  // After shutdown it runs on the calling thread. Never dropped.
+  virtual void run_callback(std::function<void()> task) = 0;
+
   // Starts serving requests. Messages that arrive before are held until then.
   virtual void start() = 0;
 
-  // Blocks until no worker of the job has a request outstanding (a collective call: every
-  // worker must call it).
-  virtual void join() = 0;
+  // Blocks until every live worker of the job has called join (as many times as this one)
+  // and no worker has a request outstanding, however long that takes; requests are served
+  // meanwhile. Workers known to be gone are not waited for. Throws kTimeout naming the
+  // wait if `timeout` (0: none) passes first, kShutdown if the agent stops meanwhile.
+  virtual void join(std::chrono::milliseconds timeout) = 0;
+  void join() { join(std::chrono::milliseconds(0)); }
 
   // graceful: join(), then stop everywhere. Otherwise stop at once; pending calls fail
   // with kShutdown. Idempotent.

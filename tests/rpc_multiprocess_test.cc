@@ -24,6 +24,18 @@ TEST(RpcProcesses, RRefsForkedAcrossFourWorkersAreAllReleased) {
   for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "worker" << r;
 }
 
+// The serving workers wait in graceful shutdown for 3x the job's init timeout and 12x its
+// RPC timeout while the trainer keeps computing and calling them (the main job's shape).
+TEST(RpcProcesses, GracefulShutdownWaitsForTheWholeJobHoweverLong) {
+  const auto codes = run_workers(3, "long_job");
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "worker" << r;
+}
+
+TEST(RpcProcesses, NoRRefIsDeletedBeforeEveryWorkerReachedShutdown) {
+  const auto codes = run_workers(3, "shutdown_order");
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "worker" << r;
+}
+
 TEST(RpcProcesses, WorkerKilledDuringDistributedBackward) {
   const auto codes = run_workers(3, "backward_killed");
   EXPECT_EQ(codes[0], 0);

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "drpc.h"
+#include "rpc/profiler.h"
 #include "process_group/in_memory_store.h"
 #include "testing/errors.h"
 #include "tests/job.h"
@@ -220,6 +221,89 @@ TEST_F(RpcTest, TorchScriptModulesLoadedByName) {
   e = expect_error([&] { job[0].rpc_sync("worker1", "torchscript:doubler:nope", {t}); });
   EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
   job.shutdown(true);
+}
+
+// A `then` callback may make RPCs and wait on other futures: it runs on a callback thread,
+// not on the network thread whose reply it would be waiting for.
+TEST_F(RpcTest, CallbacksMayMakeRpcsAndWaitOnFutures) {
+  Job& job = *job_;
+  auto first = job[0].rpc_async("worker1", "aten::add", {at::ones({2}), at::ones({2})});
+  std::string thread;
+  auto chained = first->then(
+      [&](c10::ivalue::Future& done) {
+        thread = current_thread_name();
+        at::Tensor sum = done.value().toTensor();
+        // A synchronous call and a wait on an asynchronous one, inside the callback.
+        at::Tensor doubled = job[0].rpc_sync("worker1", "aten::mul", {sum, 2.0}, {}, milliseconds(10000)).toTensor();
+        auto more = job[0].rpc_async("worker2", "aten::add", {doubled, 1.0}, {}, milliseconds(10000));
+        more->wait();
+        return c10::IValue(more->value().toTensor());
+      },
+      c10::AnyType::get());
+  chained->wait();
+  ASSERT_FALSE(chained->hasError()) << chained->tryRetrieveErrorMessage();
+  EXPECT_TRUE(at::equal(chained->value().toTensor(), at::full({2}, 5.0)));
+  EXPECT_EQ(thread, "callback");
+  // Many callbacks that block at once do not hold each other up.
+  std::vector<FuturePtr> futures;
+  for (int i = 0; i < 8; ++i) {
+    futures.push_back(job[1].rpc_async("worker2", "aten::neg", {at::full({1}, double(i))})->then(
+        [&job, i](c10::ivalue::Future& done) {
+          return c10::IValue(job[1].rpc_sync("worker0", "aten::neg", {done.value().toTensor()}).toTensor());
+        },
+        c10::AnyType::get()));
+  }
+  auto values = wait_all(futures);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(values[i].toTensor().item<double>(), double(i));
+}
+
+TEST_F(RpcTest, WaitAllRaisesTheFirstErrorWithoutWaitingForTheRest) {
+  Job& job = *job_;
+  Gate gate;
+  g_gate = &gate;
+  auto blocked = job[0].rpc_async("worker1", "test.blocked", {int64_t{3}});
+  auto failing = job[0].rpc_async("worker2", "test.fail", {std::string("early failure")});
+  gate.wait_for_waiters(1);
+  Error e = expect_error([&] { wait_all({blocked, failing}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kRemote);
+  EXPECT_TRUE(contains(e.what(), "early failure")) << e.what();
+  EXPECT_FALSE(blocked->completed());  // still running when wait_all returned
+  gate.release();
+  blocked->wait();
+  EXPECT_EQ(blocked->value().toInt(), 3);
+  g_gate = nullptr;
+}
+
+// As torch's _set_rpc_timeout: the default applies to calls made after it changes; calls
+// already made keep the deadline they had.
+TEST(RpcJob, TheDefaultTimeoutCanChangeAfterInit) {
+  Job job(2);
+  Gate gate;
+  g_gate = &gate;
+  EXPECT_EQ(job[0].rpc_timeout(), milliseconds(60000));
+  auto before = job[0].rpc_async("worker1", "test.blocked", {int64_t{1}});  // 60 s
+  job[0].set_rpc_timeout(milliseconds(150));
+  EXPECT_EQ(job[0].rpc_timeout(), milliseconds(150));
+  auto after = job[0].rpc_async("worker1", "test.blocked", {int64_t{2}});
+  Error e = expect_error([&] {
+    after->wait();
+    after->value();
+  });
+  EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+  EXPECT_TRUE(contains(e.what(), "150 ms")) << e.what();
+  EXPECT_FALSE(before->completed());  // its own 60 s deadline still runs
+  EXPECT_EQ(expect_error([&] { job[0].remote("worker1", "test.blocked", {int64_t{4}}).to_here(); }).kind(),
+            ErrorKind::kTimeout);
+  EXPECT_EQ(expect_error([&] { job[0].set_rpc_timeout(milliseconds(-5)); }).kind(), ErrorKind::kBadArgument);
+  job[0].set_rpc_timeout(milliseconds(0));  // none
+  auto unbounded = job[0].rpc_async("worker1", "test.blocked", {int64_t{5}});
+  gate.release();
+  before->wait();
+  unbounded->wait();
+  EXPECT_EQ(before->value().toInt(), 1);
+  EXPECT_EQ(unbounded->value().toInt(), 5);
+  job.shutdown(true);
+  g_gate = nullptr;
 }
 
 TEST(RpcJob, InvalidAndDuplicateNames) {

@@ -20,7 +20,8 @@
 DEFINE_int32(rank, 0, "rank");
 DEFINE_int32(world_size, 3, "world size");
 DEFINE_int32(store_port, 0, "the test's store on 127.0.0.1");
-DEFINE_string(scenario, "calls", "calls | peer_killed | rrefs | backward_killed | netns");
+DEFINE_string(scenario, "calls",
+              "calls | peer_killed | rrefs | backward_killed | netns | long_job | shutdown_order");
 DEFINE_string(master_addr, "127.0.0.1", "netns: where rank 0 serves the store");
 DEFINE_string(listen, "127.0.0.1", "netns: this worker's address");
 DEFINE_string(sync_dir, "", "netns: a directory shared with the test for ready/cut/done files");
@@ -41,6 +42,15 @@ DRPC_REGISTER_FUNCTION("test.die_in_backward", [](at::Tensor x) {
   return y;
 });
 DRPC_REGISTER_FUNCTION("test.rank_plus", [](at::Tensor t) { return t + get_worker_info().id; });
+// A value owned here that holds an RRef owned elsewhere, and a use of that inner RRef.
+DRPC_REGISTER_FUNCTION("test.wrap", [](c10::IValue rref) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.push_back(rref);
+  return c10::IValue(list);
+});
+DRPC_REGISTER_FUNCTION("test.unwrap_sum", [](c10::IValue list) {
+  return RRef::from_ivalue(list.toListRef()[0]).to_here().toTensor().sum().item<double>();
+});
 
 namespace {
 
@@ -164,6 +174,70 @@ void backward_killed() {
   shutdown(false);
 }
 
+// The job's timeouts (see main): the trainer works for several times both, calling the
+// serving workers, which wait in shutdown all along and must not leave before it is done.
+constexpr milliseconds kShortInitTimeout{4000};
+constexpr milliseconds kShortRpcTimeout{1000};
+
+void long_job() {
+  if (FLAGS_rank != 0) {
+    const auto start = std::chrono::steady_clock::now();
+    shutdown(true);
+    check(std::chrono::steady_clock::now() - start > 2 * kShortInitTimeout, "waited in shutdown for the trainer");
+    return;
+  }
+  const auto until = std::chrono::steady_clock::now() + 3 * kShortInitTimeout;
+  int calls = 0;
+  at::Tensor x = at::rand({64, 64});
+  while (std::chrono::steady_clock::now() < until) {
+    x = at::tanh(at::matmul(x, x.t()) / 64);  // the trainer's own work
+    for (int r = 1; r < FLAGS_world_size; ++r) {
+      try {
+        x = rpc_sync(name(r), "aten::mul", {x, 1.0}).toTensor();
+        ++calls;
+      } catch (const Error& e) {
+        check(false, std::string("a call while the others wait in shutdown: ") + e.what());
+        return;
+      }
+    }
+  }
+  check(calls > 0, "calls made");
+  shutdown(true);
+}
+
+// worker1 owns a list holding an RRef owned by worker2, and enters shutdown at once;
+// worker0, which dropped its own reference to the inner RRef, keeps using the list
+// afterwards: nothing may be deleted until every worker has reached shutdown.
+void shutdown_order() {
+  if (FLAGS_rank != 0) {
+    if (FLAGS_rank == 1) current_runtime().store().set("worker1_in_shutdown", "1");
+    shutdown(true);
+    return;
+  }
+  RRef list;
+  {
+    RRef inner = remote(name(2), "aten::ones", {c10::List<int64_t>({3})});
+    list = remote(name(1), "test.wrap", {inner.to_ivalue()});
+    check(list.rpc_sync("test.unwrap_sum").toDouble() == 3.0, "the inner RRef's value through the list");
+  }
+  current_runtime().store().get("worker1_in_shutdown", milliseconds(30000));
+  // Once worker1 is in shutdown, an early delete of its references would free the inner
+  // value on worker2 within milliseconds; give it time to go wrong, bounded.
+  const auto until = std::chrono::steady_clock::now() + milliseconds(1500);
+  bool alive = true;
+  while (alive && std::chrono::steady_clock::now() < until) {
+    alive = rpc_sync(name(2), "test.rref_counts").toIntVector()[0] == 1;  // worker2 still owns it
+  }
+  check(alive, "worker2 keeps the value while worker1 waits in shutdown");
+  try {
+    check(list.rpc_sync("test.unwrap_sum").toDouble() == 3.0, "the list is still usable");
+  } catch (const Error& e) {
+    check(false, std::string("using the list after worker1 entered shutdown: ") + e.what());
+  }
+  list = RRef();
+  shutdown(true);
+}
+
 bool file_exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
 
 void touch(const std::string& path) { std::fclose(std::fopen(path.c_str(), "w")); }
@@ -225,6 +299,10 @@ int main(int argc, char** argv) {
       options.host_store = true;
     }
     options.init_timeout = milliseconds(30000);
+    if (FLAGS_scenario == "long_job") {
+      options.init_timeout = kShortInitTimeout;
+      options.rpc_timeout = kShortRpcTimeout;
+    }
     init_rpc(name(FLAGS_rank), FLAGS_rank, FLAGS_world_size, options);
     if (FLAGS_scenario == "peer_killed") {
       peer_killed();
@@ -234,6 +312,10 @@ int main(int argc, char** argv) {
       backward_killed();
     } else if (FLAGS_scenario == "rrefs") {
       rrefs();
+    } else if (FLAGS_scenario == "long_job") {
+      long_job();
+    } else if (FLAGS_scenario == "shutdown_order") {
+      shutdown_order();
     } else {
       calls();
     }
