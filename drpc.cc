@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "common/logging.h"
@@ -123,14 +124,38 @@ class RuntimeImpl final : public Runtime {
     rpc_store->set("name/" + std::to_string(rank), name);
     std::vector<WorkerInfo> workers;
     std::map<std::string, int> seen;
+    std::optional<Error> clash;
     for (int r = 0; r < world_size; ++r) {
       const std::string other = rpc_store->get("name/" + std::to_string(r), options.init_timeout);
       if (seen.count(other)) {
-        throw Error(ErrorKind::kBadArgument, "worker name '" + other + "' is used by ranks " +
-                                                 std::to_string(seen[other]) + " and " + std::to_string(r));
+        clash = Error(ErrorKind::kBadArgument, "worker name '" + other + "' is used by ranks " +
+                                                   std::to_string(seen[other]) + " and " + std::to_string(r));
+        break;
       }
       seen[other] = r;
       workers.push_back(WorkerInfo{other, r});
+    }
+    // Every rank sees the same names, hence the same clash; but a store hosted here goes
+    // when this constructor throws, and a rank still reading would then see an unreachable
+    // store instead. So each rank says it has read them (even without a clash: the host
+    // cannot know in advance), and the host waits for that before it throws.
+    try {
+      rpc_store->set("names_read/" + std::to_string(rank), "1");
+    } catch (const Error&) {
+      if (!clash) throw;  // else the clash is the news; the store's trouble is incidental
+    }
+    if (clash) {
+      if (store_server_) {
+        std::vector<std::string> keys;
+        for (int r = 0; r < world_size; ++r) keys.push_back("names_read/" + std::to_string(r));
+        try {
+          rpc_store->wait(keys, options.init_timeout);
+        } catch (const Error& e) {
+          LOG(WARNING) << "rank " << rank << " stops hosting the store before every rank has read the names: "
+                       << e.what();
+        }
+      }
+      throw *clash;
     }
     user_store_ = create_prefix_store("user", *store);
     auto pg_store = create_prefix_store("pg", *store);

@@ -406,10 +406,21 @@ class GrpcTransport final : public Transport {
     changed_.notify_all();
   }
 
-  void mark_refused(int peer, const std::string& why) {
+  // Our stream to `peer` ended before the peer answered our hello. Only UNAUTHENTICATED is
+  // the peer's own verdict (check_hello): gRPC ends a stream whose connection broke with
+  // UNAVAILABLE ("Socket closed" when the peer's end went away), which says nothing about
+  // our credentials.
+  void mark_ended_before_answer(int peer, const grpc::Status& status) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      peers_[peer]->refusal = why.empty() ? "connection failed" : why;
+      Peer& p = *peers_[peer];
+      if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+        p.refusal = status.error_message().empty() ? "no reason given" : status.error_message();
+      } else {
+        p.failure = "the connection to rank " + std::to_string(peer) + " (" + p.address + ") ended before rank " +
+                    std::to_string(peer) + " answered rank " + std::to_string(rank_) + "'s hello (gRPC status " +
+                    std::to_string(status.error_code()) + ": " + status.error_message() + ")";
+      }
     }
     changed_.notify_all();
   }
@@ -503,6 +514,7 @@ class GrpcTransport final : public Transport {
     bool acked_goodbye = false;
     std::atomic<bool> lost{false};  // written under mu_
     std::string refusal;  // why the peer refused our hello
+    std::string failure;  // how our stream ended before the peer answered, if not refused
     std::atomic<int64_t> last_heard_ns{0};  // steady clock; when anything last arrived
   };
 
@@ -595,7 +607,7 @@ class GrpcTransport final : public Transport {
       peers_[r]->client->start();
     }
     std::unique_lock<std::mutex> lock(mu_);
-    std::string refused;
+    std::string refused, failed;
     auto all_connected = [&] {
       bool all = true;
       for (int r = 0; r < size_; ++r) {
@@ -604,12 +616,17 @@ class GrpcTransport final : public Transport {
                     peers_[r]->refusal;
           return true;
         }
+        if (!peers_[r]->failure.empty()) {
+          failed = "rank " + std::to_string(rank_) + ": " + peers_[r]->failure;
+          return true;
+        }
         if (r != rank_ && !peers_[r]->connected) all = false;
       }
       return all;
     };
     const bool done = changed_.wait_until(lock, deadline, all_connected);
     if (!refused.empty()) throw Error(ErrorKind::kUnauthenticated, refused);
+    if (!failed.empty()) throw Error(ErrorKind::kPeerUnavailable, failed);
     if (!done) {
       std::string missing;
       for (int r = 0; r < size_; ++r) {
@@ -671,7 +688,7 @@ void ClientPeer::start() {
 void ClientPeer::OnReadDone(bool ok) {
   Reaction reaction(&read_buffer_, &peer_);
   if (!ok) {
-    // Refused before the handshake completed: OnDone records the peer's status. (Treating
+    // Ended before the handshake completed: OnDone records the peer's status. (Treating
     // it as a lost peer would cancel the call and replace that status with CANCELLED.)
     if (acknowledged_) transport_.lost(peer_, transport_.lost_error(peer_));
     RemoveHold();
@@ -698,7 +715,7 @@ void ClientPeer::OnDone(const grpc::Status& status) {
   happens_after(&read_buffer_);
   happens_after(this);
   happens_after(&peer_);
-  if (!acknowledged_) transport_.mark_refused(peer_, status.error_message());
+  if (!acknowledged_) transport_.mark_ended_before_answer(peer_, status);
   transport_.outbox(peer_).attach(nullptr);
   transport_.reactor_done();
 }

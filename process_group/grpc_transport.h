@@ -31,7 +31,8 @@ struct GrpcTransportOptions {
 // Listens, publishes this rank's address in `store`, connects to every peer and returns
 // once all are connected. `store` is used only during the call; `sink` must outlive the
 // transport. Throws kBadArgument (rank out of range, cannot listen, rank taken),
-// kTimeout (peers missing), kUnauthenticated (a peer refused us).
+// kTimeout (peers missing), kUnauthenticated (a peer refused us), kPeerUnavailable (a
+// connection broke before the peer answered, e.g. the peer went away).
 std::unique_ptr<Transport> create_grpc_transport(Store& store, int rank, int size,
                                                  const GrpcTransportOptions& options, FrameSink& sink);
 

@@ -1,5 +1,6 @@
 // Tokens and TLS on the store and between ranks, with real gRPC on real ports.
 
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -187,6 +188,45 @@ TEST(ProcessGroupSecurity, RightCertificateWrongTokenIsRefused) {
   bad.security.token = "wrong";
   good.timeout = bad.timeout = milliseconds(5000);
   expect_refused(good, bad, ErrorKind::kUnauthenticated, "token");
+}
+
+// Stands in for rank 1: takes rank 0's hello, then ends the stream the way gRPC ends it
+// when the connection breaks (the peer's process went away, say): UNAVAILABLE, "Socket
+// closed". That is not a refusal.
+class DroppingPeer final : public grpc::CallbackGenericService {
+ public:
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    class Reactor final : public grpc::ServerGenericBidiReactor {
+     public:
+      Reactor() { StartRead(&hello_); }
+      void OnReadDone(bool) override { Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "Socket closed")); }
+      void OnDone() override { delete this; }
+
+     private:
+      grpc::ByteBuffer hello_;
+    };
+    return new Reactor;
+  }
+};
+
+TEST(ProcessGroupSecurity, AConnectionThatBreaksDuringTheHandshakeIsNotARefusal) {
+  DroppingPeer peer;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterCallbackGenericService(&peer);
+  auto server = builder.BuildAndStart();
+  ASSERT_NE(port, 0);
+  auto store = create_in_memory_store();
+  store->set("addr/1", "127.0.0.1:" + std::to_string(port));
+  GrpcProcessGroupOptions options;  // no token: nothing to refuse
+  options.timeout = milliseconds(20000);
+  Error e = expect_error([&] { create_grpc_process_group(*store, 0, 2, options); });
+  EXPECT_EQ(e.kind(), ErrorKind::kPeerUnavailable) << e.what();
+  EXPECT_TRUE(contains(e.what(), "rank 1 (127.0.0.1:" + std::to_string(port) + ")")) << e.what();
+  EXPECT_TRUE(contains(e.what(), "Socket closed")) << e.what();
+  EXPECT_FALSE(contains(e.what(), "refused")) << e.what();
+  server->Shutdown();
 }
 
 // Appends one frame as the transport puts it on the wire: [u32 length][header][bytes].

@@ -3,13 +3,20 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <torch/csrc/jit/api/module.h>
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "common/subprocess.h"
 #include "drpc.h"
@@ -90,6 +97,94 @@ TEST(WorkerBinary, MissingSettingsAreAOneLineError) {
   EXPECT_EQ(*code, 1);
   EXPECT_NE(output.find("--rank and --world_size"), std::string::npos) << output;
   EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
+}
+
+
+// A loopback port free now, for a worker that hosts the store: the others must know the
+// port before that worker starts.
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) ADD_FAILURE() << "cannot bind";
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Reads until the writer closes `fd` (the child exited), then closes it.
+std::string read_all(int fd) {
+  std::string output;
+  char buf[512];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) output.append(buf, n);
+  close(fd);
+  return output;
+}
+
+// drpc_worker processes of one job whose rank 0 hosts the store, each started with its own
+// name; their exit codes and output (a few lines, well within a pipe's buffer, so it can be
+// read after the exit).
+class NamedWorkers {
+ public:
+  explicit NamedWorkers(int world_size)
+      : world_size_(world_size), port_(free_port()), workers_(world_size), fds_(world_size, -1),
+        codes_(world_size), outputs_(world_size) {}
+
+  void start(int rank, const std::string& name) {
+    workers_[rank] = Subprocess::start_with_output(
+        {runfile("tools/worker/drpc_worker"), "--name=" + name, "--rank=" + std::to_string(rank),
+         "--world_size=" + std::to_string(world_size_), "--master_port=" + std::to_string(port_)},
+        {"GLOG_minloglevel=2"}, &fds_[rank]);
+  }
+
+  // Waits for `rank` to exit (killing it after 90 s) and collects its output.
+  void finish(int rank) {
+    codes_[rank] = workers_[rank]->wait(std::chrono::seconds(90));
+    if (!codes_[rank]) workers_[rank]->kill(SIGKILL);
+    outputs_[rank] = read_all(fds_[rank]);
+  }
+
+  // Every rank exited non-zero with `error` in its output.
+  void expect_all_failed_with(const std::string& error) {
+    for (int r = 0; r < world_size_; ++r) {
+      ASSERT_TRUE(codes_[r].has_value()) << "rank " << r << " was still running: " << outputs_[r];
+      EXPECT_NE(*codes_[r], 0) << "rank " << r << ": " << outputs_[r];
+      EXPECT_NE(outputs_[r].find(error), std::string::npos) << "rank " << r << ": " << outputs_[r];
+    }
+  }
+
+ private:
+  const int world_size_;
+  const int port_;
+  std::vector<std::unique_ptr<Subprocess>> workers_;
+  std::vector<int> fds_;
+  std::vector<std::optional<int>> codes_;
+  std::vector<std::string> outputs_;
+};
+
+TEST(WorkerBinary, DuplicateNameIsReportedByEveryRank) {
+  NamedWorkers job(3);
+  job.start(0, "worker0");
+  job.start(1, "worker1");
+  job.start(2, "worker0");
+  for (int r = 0; r < 3; ++r) job.finish(r);
+  job.expect_all_failed_with("worker name 'worker0' is used by ranks 0 and 2");
+}
+
+// Ranks 0 and 1 both call themselves worker0 and see the clash at once; rank 2 starts only
+// once rank 1 has failed. Rank 0 hosts the store: had it gone when it saw the clash, rank 2
+// would find no store instead of the clash.
+TEST(WorkerBinary, DuplicateNameReachesEveryRankEvenOneStartedAfterTheClashWasSeen) {
+  NamedWorkers job(3);
+  job.start(0, "worker0");
+  job.start(1, "worker0");
+  job.finish(1);
+  job.start(2, "worker2");
+  job.finish(2);
+  job.finish(0);
+  job.expect_all_failed_with("worker name 'worker0' is used by ranks 0 and 1");
 }
 
 }  // namespace
