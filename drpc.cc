@@ -60,6 +60,21 @@ void check_name(const std::string& name) {
   }
 }
 
+// Puts the thread in a caller's distributed autograd context (-1: none) while it serves
+// the call, so that the calls the function makes are recorded in it.
+class CurrentAutogradContext {
+ public:
+  CurrentAutogradContext(AutogradContainer& autograd, int64_t context)
+      : autograd_(autograd), previous_(autograd.current_context()) {
+    autograd_.set_current_context(context);
+  }
+  ~CurrentAutogradContext() { autograd_.set_current_context(previous_); }
+
+ private:
+  AutogradContainer& autograd_;
+  int64_t previous_;
+};
+
 // Sets the thread's current runtime for the duration of a served call.
 class CurrentRuntime {
  public:
@@ -161,12 +176,15 @@ class RuntimeImpl final : public Runtime {
     agent_->set_instruments(metrics_.get(), tracer_.get());
     rref_ = create_rref_context(
         *agent_,
-        [this](const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs) {
+        [this](const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs, int64_t autograd_context) {
           CurrentRuntime current(this);
+          CurrentAutogradContext in_context(*autograd_, autograd_context);
           return functions_.call(fn, CallArgs{std::move(args), std::move(kwargs)}, agent_->self().name);
         },
-        [this](const c10::IValue& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs) {
+        [this](const c10::IValue& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+               int64_t autograd_context) {
           CurrentRuntime current(this);
+          CurrentAutogradContext in_context(*autograd_, autograd_context);
           return apply(value, fn, std::move(args), std::move(kwargs));
         });
     autograd_ = create_autograd_container(*agent_, options.autograd_context_ttl);
