@@ -465,8 +465,14 @@ namespace dist_autograd {
 Context::Context() : Context(current_runtime()) {}
 
 Context::Context(Runtime& runtime) : runtime_(runtime) {
-  id_ = runtime_.autograd().new_context();
   previous_ = runtime_.autograd().current_context();
+  // One context per thread at a time: calls would be recorded in the inner one only, and
+  // the outer one's backward would silently miss them.
+  if (previous_ >= 0) {
+    throw Error(ErrorKind::kBadArgument, "this thread already has an autograd context (" + std::to_string(previous_) +
+                                             "): create the new one on another thread, or after this one ends");
+  }
+  id_ = runtime_.autograd().new_context();
   runtime_.autograd().set_current_context(id_);
 }
 

@@ -153,14 +153,13 @@ TEST_F(DistAutogradTest, ConcurrentContextsDoNotMix) {
   dist_autograd::Context outer(job[0]);
   const int64_t first = outer.id();
   at::Tensor y1 = job[0].rpc_sync("worker1", "ag.affine", {x, 1.0}).toTensor();
-  {
+  std::thread([&] {  // a thread has one context at a time: the second lives on another
     dist_autograd::Context inner(job[0]);
     at::Tensor y2 = job[0].rpc_sync("worker1", "ag.affine", {x, 5.0}).toTensor();
     job[0].autograd().backward(inner.id(), {y2.sum()}, false);
     at::Tensor expected = (5.0 + x.detach().cos());
     EXPECT_TRUE(at::allclose(grad_of(job[0].autograd().gradients(inner.id()), x), expected, 1e-5, 1e-6));
-  }
-  job[0].autograd().set_current_context(first);
+  }).join();
   job[0].autograd().backward(first, {y1.sum()}, false);
   EXPECT_TRUE(at::allclose(grad_of(job[0].autograd().gradients(first), x), 1.0 + x.detach().cos(), 1e-5, 1e-6));
 }
@@ -189,6 +188,30 @@ TEST_F(DistAutogradTest, BadRootsAndRemoteBackwardErrors) {
   EXPECT_TRUE(testing::contains(e.what(), "scalar")) << e.what();
   e = testing::expect_error([&] { job[0].autograd().backward(ctx.id() + 99, {y.sum()}, false); });
   EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+}
+
+TEST_F(DistAutogradTest, ASecondContextOnTheSameThreadIsRefused) {
+  Job& job = *job_;
+  dist_autograd::Context outer(job[0]);
+  Error e = testing::expect_error([&] { dist_autograd::Context inner(job[0]); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(testing::contains(e.what(), "already has an autograd context")) << e.what();
+  // The refused context was never made, and the outer one is still the thread's.
+  EXPECT_EQ(job[0].autograd().num_contexts(), 1);
+  EXPECT_EQ(job[0].autograd().current_context(), outer.id());
+}
+
+TEST_F(DistAutogradTest, BackwardWithoutRootsOrFromALeafIsRefused) {
+  Job& job = *job_;
+  dist_autograd::Context ctx(job[0]);
+  Error e = testing::expect_error([&] { job[0].autograd().backward(ctx.id(), {}, false); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(testing::contains(e.what(), "no roots")) << e.what();
+  at::Tensor scalar_leaf = at::ones({}).set_requires_grad(true);
+  e = testing::expect_error([&] { job[0].autograd().backward(ctx.id(), {scalar_leaf}, false); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(testing::contains(e.what(), "leaf")) << e.what();
+  EXPECT_TRUE(job[0].autograd().gradients(ctx.id()).empty());
 }
 
 // A call to the calling worker itself skips the network; it must still be recorded.
