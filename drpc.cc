@@ -62,6 +62,21 @@ void check_name(const std::string& name) {
   }
 }
 
+// Puts the thread in a caller's distributed autograd context (-1: none) while it serves
+// the call, so that the calls the function makes are recorded in it.
+class CurrentAutogradContext {
+ public:
+  CurrentAutogradContext(AutogradContainer& autograd, int64_t context)
+      : autograd_(autograd), previous_(autograd.current_context()) {
+    autograd_.set_current_context(context);
+  }
+  ~CurrentAutogradContext() { autograd_.set_current_context(previous_); }
+
+ private:
+  AutogradContainer& autograd_;
+  int64_t previous_;
+};
+
 // Sets the thread's current runtime for the duration of a served call.
 class CurrentRuntime {
  public:
@@ -187,12 +202,15 @@ class RuntimeImpl final : public Runtime {
     agent_->set_instruments(metrics_.get(), tracer_.get());
     rref_ = create_rref_context(
         *agent_,
-        [this](const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs) {
+        [this](const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs, int64_t autograd_context) {
           CurrentRuntime current(this);
+          CurrentAutogradContext in_context(*autograd_, autograd_context);
           return functions_.call(fn, CallArgs{std::move(args), std::move(kwargs)}, agent_->self().name);
         },
-        [this](const c10::IValue& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs) {
+        [this](const c10::IValue& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+               int64_t autograd_context) {
           CurrentRuntime current(this);
+          CurrentAutogradContext in_context(*autograd_, autograd_context);
           return apply(value, fn, std::move(args), std::move(kwargs));
         });
     autograd_ = create_autograd_container(*agent_, options.autograd_context_ttl);
@@ -535,8 +553,14 @@ namespace dist_autograd {
 Context::Context() : Context(current_runtime()) {}
 
 Context::Context(Runtime& runtime) : runtime_(runtime) {
-  id_ = runtime_.autograd().new_context();
   previous_ = runtime_.autograd().current_context();
+  // One context per thread at a time: calls would be recorded in the inner one only, and
+  // the outer one's backward would silently miss them.
+  if (previous_ >= 0) {
+    throw Error(ErrorKind::kBadArgument, "this thread already has an autograd context (" + std::to_string(previous_) +
+                                             "): create the new one on another thread, or after this one ends");
+  }
+  id_ = runtime_.autograd().new_context();
   runtime_.autograd().set_current_context(id_);
 }
 

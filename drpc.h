@@ -151,6 +151,7 @@ namespace dist_autograd {
 
 // A distributed autograd context for the calling thread, released on every worker that
 // took part when it goes out of scope. Calls made on this thread inside it are recorded.
+// A thread has one at a time: throws kBadArgument if it already has one.
 class Context {
  public:
   Context();                           // on current_runtime()

@@ -105,6 +105,7 @@ class Container final : public AutogradContainer, public std::enable_shared_from
     (void)retain_graph;  // the graph is always kept: other workers' passes may revisit it
     auto context = find(context_id);
     if (!context) throw Error(ErrorKind::kBadArgument, "unknown autograd context " + std::to_string(context_id));
+    if (roots.empty()) throw Error(ErrorKind::kBadArgument, "backward was given no roots");
     torch::autograd::edge_list edges;
     variable_list inputs;
     for (const auto& root : roots) {
@@ -113,6 +114,11 @@ class Container final : public AutogradContainer, public std::enable_shared_from
                                                  std::to_string(root.numel()) + " elements");
       }
       if (!root.requires_grad()) throw Error(ErrorKind::kBadArgument, "a backward root does not require grad");
+      // A leaf root has no graph behind it: nothing would be computed, and the caller
+      // most likely passed an input where it meant the loss.
+      if (!root.grad_fn()) {
+        throw Error(ErrorKind::kBadArgument, "a backward root is a leaf tensor, with no gradient function");
+      }
       edges.push_back(torch::autograd::impl::gradient_edge(root));
       inputs.push_back(at::ones_like(root));
     }

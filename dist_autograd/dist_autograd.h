@@ -42,8 +42,8 @@ class AutogradContainer {
   virtual void set_current_context(int64_t context_id) = 0;
 
   // Runs the distributed backward from `roots` (scalars) and returns once every worker
-  // involved is done. Throws kBadArgument (non-scalar root, unknown context), or the
-  // first error of any worker, naming it.
+  // involved is done. Throws kBadArgument (no roots, a non-scalar or leaf root, unknown
+  // context), or the first error of any worker, naming it.
   virtual void backward(int64_t context_id, const std::vector<at::Tensor>& roots, bool retain_graph) = 0;
 
   // The gradients accumulated in `context_id` on this worker, leaf -> gradient.

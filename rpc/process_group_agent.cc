@@ -205,6 +205,10 @@ class ProcessGroupAgent final : public RpcAgent {
       Served served{fn, steady_now_ns(),
                     collector ? std::make_shared<ServeTrace>(label, tracer_->new_span_id(self_.id)) : nullptr};
       if (metrics_) metrics_->call_received(fn, self_.id);
+      // Nor the interceptors: they see it arrive as they saw it leave.
+      for (auto& i : interceptors_) {
+        if (i.on_receive) i.on_receive(self_, request);
+      }
       schedule_request(self_.id, id, std::move(request), std::move(served));
       return future;
     }
@@ -744,12 +748,16 @@ class ProcessGroupAgent final : public RpcAgent {
     VLOG(1) << "answering " << id << " from " << workers_[source].name << " after "
             << (reply_ns - served.arrival_ns) / 1000 << " us" << (envelope.error_kind() != 0 ? " (error)" : "");
     if (served.trace) add_served_spans(*served.trace, served.arrival_ns, reply_ns, source, &envelope);
+    for (auto& i : interceptors_) {
+      if (i.on_send) i.on_send(workers_[source], reply);
+    }
     if (source == self_.id) {
+      // A reply to oneself skips the network, not the interceptors.
+      for (auto& i : interceptors_) {
+        if (i.on_receive) i.on_receive(self_, reply);
+      }
       deliver_local_reply(id, envelope, std::move(reply));
     } else {
-      for (auto& i : interceptors_) {
-        if (i.on_send) i.on_send(workers_[source], reply);
-      }
       put_autograd(reply, &envelope);
       envelope.set_payload(std::move(reply.payload));
       try {

@@ -376,15 +376,17 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
         c10::AnyType::get());
   }
 
-  FuturePtr apply_local(const FuturePtr& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs) {
+  FuturePtr apply_local(const FuturePtr& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                        int64_t autograd_context) {
     auto self = shared_from_this();
     auto result = any_future();
-    after_on_pool(agent_, value, [self, value, result, fn, args = std::move(args), kwargs = std::move(kwargs)]() {
+    after_on_pool(agent_, value,
+                  [self, value, result, fn, args = std::move(args), kwargs = std::move(kwargs), autograd_context]() {
       if (value->hasError()) {
         result->setError(value->exception_ptr());
         return;
       }
-      FuturePtr out = self->apply_(value->value(), fn, args, kwargs);
+      FuturePtr out = self->apply_(value->value(), fn, args, kwargs, autograd_context);
       out->addCallback([result](c10::ivalue::Future& o) {
         if (o.hasError()) {
           result->setError(o.exception_ptr());
@@ -530,6 +532,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     // Run once every RRef among the arguments is confirmed; the reply (the fork is
     // recorded) goes out at once.
     auto self = shared_from_this();
+    const int64_t autograd_context = m.autograd_context;
     FuturePtr source;
     if (call.has_apply_to()) {
       auto target = find_owner(from_proto(call.apply_to()));
@@ -540,9 +543,9 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
       }
       source = target->value_future();
     }
-    after_on_pool(agent_, confirmations(args), [self, owner, fn, args, kwargs, source]() mutable {
-      FuturePtr result = source ? self->apply_local(source, fn, std::move(args), std::move(kwargs))
-                                : self->run_(fn, std::move(args), std::move(kwargs));
+    after_on_pool(agent_, confirmations(args), [self, owner, fn, args, kwargs, source, autograd_context]() mutable {
+      FuturePtr result = source ? self->apply_local(source, fn, std::move(args), std::move(kwargs), autograd_context)
+                                : self->run_(fn, std::move(args), std::move(kwargs), autograd_context);
       result->addCallback([owner](c10::ivalue::Future& r) {
         if (r.hasError()) {
           owner->value_future()->setErrorIfNeeded(r.exception_ptr());
@@ -568,8 +571,9 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     std::vector<c10::IValue> args;
     Kwargs kwargs;
     decode_call(call.call(), m.tensors, from.id, &args, &kwargs);
-    return reply_with_value(apply_local(owner->value_future(), call.call().function(), std::move(args), std::move(kwargs)),
-                            kRRefApply, from.id);
+    FuturePtr result = apply_local(owner->value_future(), call.call().function(), std::move(args), std::move(kwargs),
+                                   m.autograd_context);
+    return reply_with_value(result, kRRefApply, from.id);
   }
 
   FuturePtr reply_with_value(const FuturePtr& value, int32_t type, int peer) {
@@ -938,7 +942,7 @@ FuturePtr OwnerRRef::call_on_owner(const std::string& fn, std::vector<c10::IValu
                                    milliseconds) {
   auto context = context_.lock();
   if (!context) throw Error(ErrorKind::kShutdown, "the RRef's worker has shut down");
-  return context->apply_local(value_, fn, std::move(args), std::move(kwargs));
+  return context->apply_local(value_, fn, std::move(args), std::move(kwargs), /*autograd_context=*/-1);
 }
 
 RRef OwnerRRef::remote_on_owner(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,

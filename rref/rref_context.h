@@ -26,12 +26,15 @@ enum RRefMessageType : int32_t {
 // consistent across workers with PyTorch's fork / confirm / delete protocol. Thread-safe.
 class RRefContext {
  public:
-  // Runs function `fn` on this worker (the composition root wires its registry).
-  using Run = std::function<FuturePtr(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs)>;
+  // Runs function `fn` on this worker (the composition root wires its registry) inside
+  // `autograd_context`, the caller's distributed autograd context (-1: none), as an RPC
+  // would run it: the calls it makes then belong to that context.
+  using Run = std::function<FuturePtr(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                                      int64_t autograd_context)>;
   // Runs `fn` on a value this worker owns: a TorchScript object's method, or a
-  // registered function with the value first.
+  // registered function with the value first. In `autograd_context`, as Run.
   using Apply = std::function<FuturePtr(const c10::IValue& value, const std::string& fn,
-                                        std::vector<c10::IValue> args, Kwargs kwargs)>;
+                                        std::vector<c10::IValue> args, Kwargs kwargs, int64_t autograd_context)>;
 
   RRefContext() = default;
   RRefContext(const RRefContext&) = delete;

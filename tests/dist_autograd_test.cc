@@ -41,7 +41,26 @@ DRPC_REGISTER_FUNCTION("ag.throw_in_backward", [](at::Tensor x) {
   return y;
 });
 
+// Fetches an RRef's value here (an RPC of its own) and applies affine(value, a).
+DRPC_REGISTER_FUNCTION("ag.fetch_affine", [](c10::IValue rref, double a) {
+  at::Tensor v = RRef::from_ivalue(rref).to_here().toTensor();
+  return v * a + v.sin();
+});
+// For RRef method calls on a weight: relays w * x along `route`.
+DRPC_REGISTER_FUNCTION("ag.weighted_relay", [](at::Tensor w, std::vector<std::string> route, at::Tensor x) {
+  at::Tensor y = w * x;
+  if (route.empty()) return y;
+  std::string next = route.front();
+  route.erase(route.begin());
+  return current_runtime().rpc_sync(next, "ag.relay", {c10::List<std::string>(route), y}).toTensor();
+});
+
 at::Tensor local_affine(const at::Tensor& x, double a) { return x * a + x.sin(); }
+// What ag.relay computes over a route of `hops - 1` workers.
+at::Tensor local_relay(at::Tensor x, int hops) {
+  for (int i = 0; i < hops; ++i) x = x * 2 + x.sin();
+  return x;
+}
 
 at::Tensor leaf(int64_t seed) {
   return at::randn({5}, at::detail::createCPUGenerator(seed)).set_requires_grad(true);
@@ -134,14 +153,13 @@ TEST_F(DistAutogradTest, ConcurrentContextsDoNotMix) {
   dist_autograd::Context outer(job[0]);
   const int64_t first = outer.id();
   at::Tensor y1 = job[0].rpc_sync("worker1", "ag.affine", {x, 1.0}).toTensor();
-  {
+  std::thread([&] {  // a thread has one context at a time: the second lives on another
     dist_autograd::Context inner(job[0]);
     at::Tensor y2 = job[0].rpc_sync("worker1", "ag.affine", {x, 5.0}).toTensor();
     job[0].autograd().backward(inner.id(), {y2.sum()}, false);
     at::Tensor expected = (5.0 + x.detach().cos());
     EXPECT_TRUE(at::allclose(grad_of(job[0].autograd().gradients(inner.id()), x), expected, 1e-5, 1e-6));
-  }
-  job[0].autograd().set_current_context(first);
+  }).join();
   job[0].autograd().backward(first, {y1.sum()}, false);
   EXPECT_TRUE(at::allclose(grad_of(job[0].autograd().gradients(first), x), 1.0 + x.detach().cos(), 1e-5, 1e-6));
 }
@@ -170,6 +188,140 @@ TEST_F(DistAutogradTest, BadRootsAndRemoteBackwardErrors) {
   EXPECT_TRUE(testing::contains(e.what(), "scalar")) << e.what();
   e = testing::expect_error([&] { job[0].autograd().backward(ctx.id() + 99, {y.sum()}, false); });
   EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+}
+
+TEST_F(DistAutogradTest, ASecondContextOnTheSameThreadIsRefused) {
+  Job& job = *job_;
+  dist_autograd::Context outer(job[0]);
+  Error e = testing::expect_error([&] { dist_autograd::Context inner(job[0]); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(testing::contains(e.what(), "already has an autograd context")) << e.what();
+  // The refused context was never made, and the outer one is still the thread's.
+  EXPECT_EQ(job[0].autograd().num_contexts(), 1);
+  EXPECT_EQ(job[0].autograd().current_context(), outer.id());
+}
+
+TEST_F(DistAutogradTest, BackwardWithoutRootsOrFromALeafIsRefused) {
+  Job& job = *job_;
+  dist_autograd::Context ctx(job[0]);
+  Error e = testing::expect_error([&] { job[0].autograd().backward(ctx.id(), {}, false); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(testing::contains(e.what(), "no roots")) << e.what();
+  at::Tensor scalar_leaf = at::ones({}).set_requires_grad(true);
+  e = testing::expect_error([&] { job[0].autograd().backward(ctx.id(), {scalar_leaf}, false); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(testing::contains(e.what(), "leaf")) << e.what();
+  EXPECT_TRUE(job[0].autograd().gradients(ctx.id()).empty());
+}
+
+// A call to the calling worker itself skips the network; it must still be recorded.
+TEST_F(DistAutogradTest, CallsAndRemotesToOneselfAreRecorded) {
+  Job& job = *job_;
+  at::Tensor x = leaf(50);
+  at::Tensor xl = x.detach().clone().set_requires_grad(true);
+  (local_affine(xl, 3.0) * local_affine(xl, -2.0) + local_affine(xl, 0.5) + local_relay(xl, 2)).sum().backward();
+  dist_autograd::Context ctx(job[0]);
+  at::Tensor a = job[0].rpc_sync("worker0", "ag.affine", {x, 3.0}).toTensor();
+  FuturePtr fb = job[0].rpc_async("worker0", "ag.affine", {x, -2.0});
+  fb->wait();
+  at::Tensor b = fb->value().toTensor();
+  at::Tensor c = job[0].remote("worker0", "ag.affine", {x, 0.5}).to_here().toTensor();
+  // Nested: worker0 serves a relay that calls worker0 again.
+  at::Tensor d = job[0].rpc_sync("worker0", "ag.relay", {c10::List<std::string>({"worker0"}), x}).toTensor();
+  EXPECT_TRUE(a.requires_grad());
+  EXPECT_TRUE(b.requires_grad());
+  EXPECT_TRUE(c.requires_grad());
+  EXPECT_TRUE(d.requires_grad());
+  job[0].autograd().backward(ctx.id(), {(a * b + c + d).sum()}, false);
+  at::Tensor g = grad_of(job[0].autograd().gradients(ctx.id()), x);
+  ASSERT_TRUE(g.defined());
+  EXPECT_TRUE(at::allclose(g, xl.grad(), 1e-5, 1e-6));
+}
+
+TEST_F(DistAutogradTest, ToHereOfARemoteBuiltinGivesBothInputsTheirGradients) {
+  Job& job = *job_;
+  at::Tensor x = leaf(51), w = leaf(52);
+  dist_autograd::Context ctx(job[0]);
+  RRef r = job[0].remote("worker1", "aten::mul", {x, w});
+  at::Tensor y = r.to_here().toTensor();
+  ASSERT_TRUE(y.requires_grad());
+  job[0].autograd().backward(ctx.id(), {y.sum()}, false);
+  auto grads = job[0].autograd().gradients(ctx.id());
+  ASSERT_TRUE(grad_of(grads, x).defined());
+  ASSERT_TRUE(grad_of(grads, w).defined());
+  EXPECT_TRUE(at::allclose(grad_of(grads, x), w.detach(), 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(grad_of(grads, w), x.detach(), 1e-5, 1e-6));
+}
+
+// worker0 -> worker1 -> worker2 -> worker1: the function's own calls, two deep, belong to
+// the caller's context however the first call was made.
+TEST_F(DistAutogradTest, NestedCallsTwoDeepMatchLocalForRpcSyncRpcAsyncAndRemote) {
+  Job& job = *job_;
+  const c10::List<std::string> route({"worker2", "worker1"});
+  for (const std::string how : {"rpc_sync", "rpc_async", "remote"}) {
+    at::Tensor x = leaf(53);
+    at::Tensor xl = x.detach().clone().set_requires_grad(true);
+    local_relay(xl, 3).pow(2).sum().backward();
+    dist_autograd::Context ctx(job[0]);
+    at::Tensor y;
+    if (how == "rpc_sync") {
+      y = job[0].rpc_sync("worker1", "ag.relay", {route, x}).toTensor();
+    } else if (how == "rpc_async") {
+      FuturePtr f = job[0].rpc_async("worker1", "ag.relay", {route, x});
+      f->wait();
+      y = f->value().toTensor();
+    } else {
+      y = job[0].remote("worker1", "ag.relay", {route, x}).to_here().toTensor();
+    }
+    ASSERT_TRUE(y.requires_grad()) << how;
+    job[0].autograd().backward(ctx.id(), {y.pow(2).sum()}, false);
+    at::Tensor g = grad_of(job[0].autograd().gradients(ctx.id()), x);
+    ASSERT_TRUE(g.defined()) << how;
+    EXPECT_TRUE(at::allclose(g, xl.grad(), 1e-5, 1e-6)) << how;
+  }
+}
+
+// worker0 has worker2 create a value (which calls worker1), then worker1 fetches it from
+// worker2 and computes on it: every hop is in worker0's context.
+TEST_F(DistAutogradTest, AnRRefOwnedByAThirdWorkerMatchesLocal) {
+  Job& job = *job_;
+  at::Tensor x = leaf(54);
+  at::Tensor xl = x.detach().clone().set_requires_grad(true);
+  local_affine(local_relay(xl, 2), 3.0).sum().backward();
+  dist_autograd::Context ctx(job[0]);
+  RRef r = job[0].remote("worker2", "ag.relay", {c10::List<std::string>({"worker1"}), x});
+  at::Tensor y = job[0].rpc_sync("worker1", "ag.fetch_affine", {r.to_ivalue(), 3.0}).toTensor();
+  ASSERT_TRUE(y.requires_grad());
+  job[0].autograd().backward(ctx.id(), {y.sum()}, false);
+  at::Tensor g = grad_of(job[0].autograd().gradients(ctx.id()), x);
+  ASSERT_TRUE(g.defined());
+  EXPECT_TRUE(at::allclose(g, xl.grad(), 1e-5, 1e-6));
+}
+
+// Methods called on an RRef (rpc_sync and remote on its owner) run inside the caller's
+// context too: the owner's weight and the caller's input both get their gradients.
+TEST_F(DistAutogradTest, RRefMethodCallsWithNestedCallsMatchLocal) {
+  Job& job = *job_;
+  RRef rw = RRef::from_ivalue(job[0].rpc_sync("worker1", "ag.make_weight", {int64_t{55}}));
+  at::Tensor w_value = rw.to_here().toTensor();
+  const c10::List<std::string> route({"worker2"});
+  for (const std::string how : {"rpc_sync", "remote"}) {
+    at::Tensor x = at::randn({4}, at::detail::createCPUGenerator(56)).set_requires_grad(true);
+    at::Tensor wl = w_value.clone().set_requires_grad(true);
+    at::Tensor xl = x.detach().clone().set_requires_grad(true);
+    local_relay(wl * xl, 1).sum().backward();
+    dist_autograd::Context ctx(job[0]);
+    at::Tensor y = how == "rpc_sync" ? rw.rpc_sync("ag.weighted_relay", {route, x}).toTensor()
+                                     : rw.remote("ag.weighted_relay", {route, x}).to_here().toTensor();
+    ASSERT_TRUE(y.requires_grad()) << how;
+    job[0].autograd().backward(ctx.id(), {y.sum()}, false);
+    at::Tensor gx = grad_of(job[0].autograd().gradients(ctx.id()), x);
+    ASSERT_TRUE(gx.defined()) << how;
+    EXPECT_TRUE(at::allclose(gx, xl.grad(), 1e-5, 1e-6)) << how;
+    auto owner_grads = job[1].autograd().gradients(ctx.id());
+    ASSERT_EQ(owner_grads.size(), 1u) << how;
+    EXPECT_TRUE(at::allclose(owner_grads.begin()->value(), wl.grad(), 1e-5, 1e-6)) << how;
+  }
 }
 
 TEST_F(DistAutogradTest, DistributedOptimizerMatchesLocalTrainingFor20Steps) {
