@@ -57,6 +57,9 @@ DRPC_REGISTER_FUNCTION("rref.module", []() {
   m.define(R"(
     def forward(self, x):
         return x * self.w
+
+    def scaled(self, x, s: float):
+        return x * self.w * s
   )");
   return c10::IValue(m._ivalue());
 });
@@ -291,6 +294,38 @@ TEST_F(RRefTest, LocalValueOfAUserNamesThisWorkerAndTheOwner) {
   EXPECT_EQ(e.kind(), ErrorKind::kBadArgument) << e.what();
   EXPECT_TRUE(contains(e.what(), "RRef " + r.impl().id_string() + " on worker0")) << e.what();
   EXPECT_TRUE(contains(e.what(), "worker1 is")) << e.what();
+}
+
+TEST_F(RRefTest, ProxiesCallTensorMethodsAndScriptMethods) {
+  Job& job = *job_;
+  RRef tensor = job[0].remote("worker2", "aten::ones", {c10::List<int64_t>({2})});
+  EXPECT_TRUE(at::equal(tensor.rpc_sync("add", {at::full({2}, 2.0)}).toTensor(), at::full({2}, 3.0)));
+  EXPECT_EQ(tensor.rpc_sync("sum").toTensor().item<double>(), 2.0);
+  FuturePtr product = tensor.rpc_async("mul", {4.0});
+  product->wait();
+  EXPECT_TRUE(at::equal(product->value().toTensor(), at::full({2}, 4.0)));
+  RRef derived = tensor.remote("add", {at::ones({2})}, {{"alpha", c10::IValue(int64_t{3})}});
+  EXPECT_EQ(derived.owner_name(), "worker2");
+  EXPECT_TRUE(at::equal(derived.to_here().toTensor(), at::full({2}, 4.0)));
+  RRef local = job[1].make_local(c10::IValue(at::full({3}, 2.0)));  // on the owner itself
+  EXPECT_EQ(local.rpc_sync("sum").toTensor().item<double>(), 6.0);
+  Error unknown = thrown_by([&] { tensor.rpc_sync("no_such_method"); });
+  EXPECT_EQ(unknown.kind(), ErrorKind::kBadArgument) << unknown.what();
+  EXPECT_TRUE(contains(unknown.what(), "Tensor") && contains(unknown.what(), "no method 'no_such_method'"))
+      << unknown.what();
+
+  RRef module = job[0].remote("worker1", "rref.module");
+  EXPECT_TRUE(at::equal(module.rpc_sync("scaled", {at::ones({2}), 2.0}).toTensor(), at::full({2}, 6.0)));
+  FuturePtr forward = module.rpc_async("forward", {at::ones({2})});
+  forward->wait();
+  EXPECT_TRUE(at::equal(forward->value().toTensor(), at::full({2}, 3.0)));
+  RRef scaled = module.remote("scaled", {at::ones({2}), 0.5});
+  EXPECT_EQ(scaled.owner_name(), "worker1");
+  EXPECT_TRUE(at::equal(scaled.to_here().toTensor(), at::full({2}, 1.5)));
+  Error missing = thrown_by([&] { module.rpc_sync("no_such_method"); });
+  EXPECT_EQ(missing.kind(), ErrorKind::kBadArgument) << missing.what();
+  EXPECT_TRUE(contains(missing.what(), "Affine") && contains(missing.what(), "no method 'no_such_method'"))
+      << missing.what();
 }
 
 TEST_F(RRefTest, OwnerSharesWithAUser) {
