@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <condition_variable>
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include "rref/rref_context.h"
 
 #include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/runtime/operator.h>
 
 namespace drpc {
 namespace {
@@ -232,22 +234,9 @@ class RuntimeImpl final : public Runtime {
     FuturePtr reply = send_call(to, fn, args, kwargs, timeout, &hooks);
     // The reply completes on a network thread; the user's future, and whatever its
     // callbacks do, on a callback thread.
-    auto result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
-    RpcAgent* agent = agent_.get();
-    reply->addCallback([agent, result, hooks](c10::ivalue::Future& done) {
-      agent->run_callback([result, hooks, done = FuturePtr::reclaim_copy(&done)] {
-        if (done->hasError()) {
-          result->setError(done->exception_ptr());
-          return;
-        }
-        try {
-          result->markCompleted(decode_result(message_from_ivalue(done->value()), hooks));
-        } catch (...) {
-          result->setError(std::current_exception());
-        }
-      });
+    return complete_on_callback_thread(*agent_, reply, [hooks](const c10::IValue& done) {
+      return decode_result(message_from_ivalue(done), hooks);
     });
-    return result;
   }
 
   // Waits on the reply itself and decodes it here: no hop through a callback thread.
@@ -381,13 +370,26 @@ class RuntimeImpl final : public Runtime {
         c10::AnyType::get());
   }
 
-  // `fn` on a value this worker owns: a TorchScript object's method, else a registered
-  // function (or operator) with the value as its first argument.
+  // `fn` on a value this worker owns: a method of the value (a TorchScript object's, or a
+  // builtin operator's with the value as `self`, as Python's tensor methods), else a
+  // registered function (or operator) named in full with the value as its first argument.
   FuturePtr apply(const c10::IValue& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs) {
+    // A plain name is a method; qualified names ("my.fn", "aten::add") name functions.
+    const bool method = !fn.empty() && std::all_of(fn.begin(), fn.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+    });
+    auto no_method = [&] {
+      auto future = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+      future->setError(std::make_exception_ptr(Error(
+          ErrorKind::kBadArgument, "a value of type " + value.type()->str() + " on " + agent_->self().name +
+                                       " has no method '" + fn + "'")));
+      return future;
+    };
     if (value.isObject()) {
       auto future = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
       try {
         torch::jit::Module module(value.toObject());
+        if (!module.find_method(fn)) return no_method();
         CallArgs call{std::move(args), std::move(kwargs)};
         future->markCompleted(FunctionRegistry::call_script(module, fn, call));
       } catch (const Error&) {
@@ -398,8 +400,13 @@ class RuntimeImpl final : public Runtime {
       }
       return future;
     }
+    std::string resolved = fn;
+    if (method) {
+      resolved = "aten::" + fn;
+      if (torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(resolved)).empty()) return no_method();
+    }
     args.insert(args.begin(), value);
-    return functions_.call(fn, CallArgs{std::move(args), std::move(kwargs)}, agent_->self().name);
+    return functions_.call(resolved, CallArgs{std::move(args), std::move(kwargs)}, agent_->self().name);
   }
 
   const Options options_;

@@ -130,6 +130,29 @@ inline void after_on_pool(RpcAgent& agent, const FuturePtr& future, std::functio
   future->addCallback([a, fn = std::move(fn)](c10::ivalue::Future&) mutable { a->run_on_pool(std::move(fn)); });
 }
 
+// A future of `decode(reply's value)` (or of the reply's error), completed on one of
+// `agent`'s callback threads: what users are handed, so that their `then` callbacks never
+// run on the network thread that completes `reply`. `agent` must outlive `reply`.
+inline FuturePtr complete_on_callback_thread(RpcAgent& agent, const FuturePtr& reply,
+                                             std::function<c10::IValue(const c10::IValue&)> decode) {
+  auto result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+  RpcAgent* a = &agent;
+  reply->addCallback([a, result, decode = std::move(decode)](c10::ivalue::Future& done) {
+    a->run_callback([result, decode, done = FuturePtr::reclaim_copy(&done)] {
+      if (done->hasError()) {
+        result->setError(done->exception_ptr());
+        return;
+      }
+      try {
+        result->markCompleted(decode(done->value()));
+      } catch (...) {
+        result->setError(std::current_exception());
+      }
+    });
+  });
+  return result;
+}
+
 inline void when_done_on_pool(RpcAgent& agent, const FuturePtr& future, std::function<void()> fn) {
   if (future->completed()) {
     fn();

@@ -39,6 +39,24 @@ FuturePtr completed_message(Message m) {
   return f;
 }
 
+// Completes as `reply` does, or with `creation`'s error as soon as it has one.
+FuturePtr unless_failed(const FuturePtr& reply, const FuturePtr& creation) {
+  auto out = any_future();
+  auto once = std::make_shared<std::atomic<bool>>(false);
+  reply->addCallback([out, once](c10::ivalue::Future& done) {
+    if (once->exchange(true)) return;
+    if (done.hasError()) {
+      out->setError(done.exception_ptr());
+    } else {
+      out->markCompleted(done.value());
+    }
+  });
+  creation->addCallback([out, once](c10::ivalue::Future& done) {
+    if (done.hasError() && !once->exchange(true)) out->setError(done.exception_ptr());
+  });
+  return out;
+}
+
 // Waits for `future` up to `timeout` (<= 0: forever); throws kTimeout naming `what`.
 void wait_for(const FuturePtr& future, milliseconds timeout, const std::string& what) {
   if (timeout.count() <= 0) {
@@ -114,6 +132,14 @@ class OwnerRRef final : public RRefImpl {
   // The value is given once, by make_local or by the one remote call naming this id;
   // false if it already was (a peer repeated an id: completing twice would throw).
   bool claim_value() { return !value_claimed_.exchange(true); }
+  // The first of the value and the errors that race for it (the function's result, a
+  // creation timeout, a gone creator, shutdown) wins; the others are dropped.
+  void set_value(c10::IValue value) {
+    if (!settled_.exchange(true)) value_->markCompleted(std::move(value));
+  }
+  void set_error(std::exception_ptr error) {
+    if (!settled_.exchange(true)) value_->setError(std::move(error));
+  }
 
  private:
   std::weak_ptr<ContextImpl> context_;
@@ -122,6 +148,7 @@ class OwnerRRef final : public RRefImpl {
   FuturePtr value_ = any_future();
   std::atomic<bool> released_{false};
   std::atomic<bool> value_claimed_{false};
+  std::atomic<bool> settled_{false};
 };
 
 class UserRRef final : public RRefImpl {
@@ -132,14 +159,15 @@ class UserRRef final : public RRefImpl {
   c10::worker_id_t owner() const override { return static_cast<c10::worker_id_t>(owner_.id); }
   std::string ownerName() const override { return owner_.name; }
   bool isOwner() const override { return false; }
-  bool confirmedByOwner() const override { return confirmed_->completed(); }
+  // A failed or timed-out creation completes the confirmation with its error.
+  bool confirmedByOwner() const override { return confirmed_->completed() && !confirmed_->hasError(); }
   const c10::TypePtr type() const override { return c10::AnyType::get(); }
   std::string id_string() const override { return rref_.str(); }
 
   c10::IValue to_here(milliseconds timeout) override;
   c10::IValue local_value() override {
-    throw Error(ErrorKind::kBadArgument, "local_value() of RRef " + rref_.str() + " on a worker that is not its owner (" +
-                                             owner_.name + " is)");
+    throw Error(ErrorKind::kBadArgument, "local_value() of RRef " + rref_.str() + " on " + self_name_ +
+                                             ", which is not its owner (" + owner_.name + " is)");
   }
   FuturePtr confirmation() override { return confirmed_; }
   FuturePtr call_on_owner(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
@@ -150,12 +178,22 @@ class UserRRef final : public RRefImpl {
   const Id& rref() const { return rref_; }
   const Id& fork() const { return fork_; }
   const WorkerInfo& owner_info() const { return owner_; }
+  // Why this reference can never be used (its creation failed or timed out, the owner
+  // refused the fork), or null.
+  std::exception_ptr unusable() const {
+    return confirmed_->completed() && confirmed_->hasError() ? confirmed_->exception_ptr() : nullptr;
+  }
+  void check_usable() const {
+    if (auto error = unusable()) std::rethrow_exception(error);
+  }
+  const FuturePtr& confirmation_future() const { return confirmed_; }
 
  private:
   std::weak_ptr<ContextImpl> context_;
   const Id rref_;
   const Id fork_;
   const WorkerInfo owner_;
+  const std::string self_name_;
   FuturePtr confirmed_ = any_future();
 };
 
@@ -194,7 +232,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
   RRef make_local(c10::IValue value) override {
     auto owner = new_owner(next_id());
     owner->claim_value();
-    owner->value_future()->markCompleted(std::move(value));
+    owner->set_value(std::move(value));
     return RRef(owner);
   }
 
@@ -299,7 +337,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     changed_.notify_all();
     if (retry_thread_.joinable()) retry_thread_.join();
     const auto stopped = std::make_exception_ptr(Error(ErrorKind::kShutdown, self().name + " has shut down"));
-    for (auto& owner : unresolved) owner->value_future()->setErrorIfNeeded(stopped);
+    for (auto& owner : unresolved) owner->set_error(stopped);
   }
 
   // --- used by the RRef objects ---------------------------------------------------------
@@ -343,8 +381,12 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     if (timeout.count() < 0) timeout = agent_.default_timeout();
     rref::Control control;
     to_proto(user.rref(), control.mutable_rref());
+    user.check_usable();
     FuturePtr reply = agent_.send(user.owner_info(), Message{kRRefFetch, control.SerializeAsString(), {}}, timeout,
                                   "to_here of RRef " + user.rref().str());
+    // A fetch waiting on a creation that then times out fails with it, not at its own
+    // (maybe much later) deadline.
+    reply = unless_failed(reply, user.confirmation_future());
     reply->wait();
     const Message& m = message_from_ivalue(reply->value());
     rpc::Value value;
@@ -365,15 +407,14 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     FuturePtr reply = agent_.send(owner, std::move(m), timeout, fn + " on RRef " + rref.str());
     auto self = shared_from_this();
     const int peer = owner.id;
-    return reply->then(
-        [self, peer](c10::ivalue::Future& done) {
-          const Message& r = message_from_ivalue(done.value());
-          rpc::Value value;
-          if (!value.ParseFromString(r.payload)) throw Error(ErrorKind::kProtocol, "malformed reply");
-          ValueHooks h = self->hooks(peer);
-          return decode_value(value, r.tensors, &h);
-        },
-        c10::AnyType::get());
+    // Handed to the user (RRef::rpc_async): completed off the network thread.
+    return complete_on_callback_thread(agent_, reply, [self, peer](const c10::IValue& done) {
+      const Message& r = message_from_ivalue(done);
+      rpc::Value value;
+      if (!value.ParseFromString(r.payload)) throw Error(ErrorKind::kProtocol, "malformed reply");
+      ValueHooks h = self->hooks(peer);
+      return decode_value(value, r.tensors, &h);
+    });
   }
 
   FuturePtr apply_local(const FuturePtr& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
@@ -401,31 +442,60 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
   RRef remote_impl(const WorkerInfo& to, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
                    milliseconds timeout, const Id* apply_to) {
     if (timeout.count() < 0) timeout = agent_.default_timeout();
-    const Id rref = next_id();
     rref::RemoteCall call;
-    to_proto(rref, call.mutable_rref());
     if (apply_to) to_proto(*apply_to, call.mutable_apply_to());
     Message m{kRRefRemoteCall, "", {}};
     encode_call(fn, args, kwargs, to.id, call.mutable_call(), &m.tensors);
     c10::intrusive_ptr<RRefImpl> handle;
     c10::intrusive_ptr<UserRRef> user;
-    if (to.id == self().id) {
-      handle = new_owner(rref);  // remote to oneself: this worker owns the result
-    } else {
-      const Id fork = next_id();
-      to_proto(fork, call.mutable_fork());
-      user = c10::make_intrusive<UserRRef>(shared_from_this(), rref, fork, to);
-      handle = user;
+    c10::weak_intrusive_ptr<OwnerRRef> own(c10::intrusive_ptr<OwnerRRef>{});
+    Id rref;
+    FuturePtr ack;
+    {
+      // Ids go out in the order they were taken, so an owner that saw this worker's
+      // remote call k knows no call below k is still coming (get_or_create_owner).
+      std::lock_guard<std::mutex> lock(remote_mu_);
+      rref = next_id();
+      to_proto(rref, call.mutable_rref());
+      if (to.id == self().id) {
+        auto owner = new_owner(rref);  // remote to oneself: this worker owns the result
+        own = c10::weak_intrusive_ptr<OwnerRRef>(owner);
+        handle = owner;
+      } else {
+        const Id fork = next_id();
+        to_proto(fork, call.mutable_fork());
+        user = c10::make_intrusive<UserRRef>(shared_from_this(), rref, fork, to);
+        handle = user;
+      }
+      m.payload = call.SerializeAsString();
+      // Replied to once the function has finished on the owner: the deadline covers it.
+      ack = agent_.send(to, std::move(m), timeout, "remote " + fn);
     }
-    m.payload = call.SerializeAsString();
-    FuturePtr ack = agent_.send(to, std::move(m), timeout, "remote " + fn);
     auto self = shared_from_this();
     const Id fork = user ? user->fork() : Id{};
     const bool is_user = user.defined();
-    ack->addCallback([self, is_user, fork](c10::ivalue::Future&) {
-      if (is_user) self->confirmed(fork);  // on failure too: uses then raise the owner's error
+    const std::string what = "RRef " + rref.str() + " (remote " + fn + " on " + to.name + ")";
+    ack->addCallback([self, is_user, fork, own, what](c10::ivalue::Future& done) {
+      std::exception_ptr failure = done.hasError() ? creation_failure(what, done.exception_ptr()) : nullptr;
+      if (is_user) {
+        self->confirmed(fork, failure);  // on failure too: the owner may hold the fork, so it is deleted
+      } else if (failure) {
+        if (auto owner = own.lock()) owner->set_error(failure);
+      }
     });
     return RRef(handle);
+  }
+
+  // Every later use of an RRef whose creation failed raises this: the same kind, saying so.
+  static std::exception_ptr creation_failure(const std::string& what, std::exception_ptr error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      const char* how = e.kind() == ErrorKind::kTimeout ? " timed out: " : " failed: ";
+      return std::make_exception_ptr(Error(e.kind(), "the creation of " + what + how + e.message()));
+    } catch (const std::exception& e) {
+      return std::make_exception_ptr(Error(ErrorKind::kInternal, "the creation of " + what + " failed: " + e.what()));
+    }
   }
 
  private:
@@ -447,6 +517,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
       return data;
     }
     auto user = intrusive_cast<UserRRef>(impl);
+    user->check_usable();
     to_proto(user->rref(), data.mutable_rref());
     data.set_owner(user->owner_info().id);
     const Id fork = next_id();
@@ -485,9 +556,9 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(user));
   }
 
-  // The owner knows of `fork` now (or its creation failed: then the owner may or may not
-  // know, and a later delete is harmless either way).
-  void confirmed(const Id& fork) {
+  // The owner knows of `fork` now (or its creation failed, `error`: then the owner may or
+  // may not know, and a later delete is harmless either way).
+  void confirmed(const Id& fork, std::exception_ptr error = nullptr) {
     FuturePtr confirmation;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -507,7 +578,11 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
         }
       }
     }
-    if (confirmation && !confirmation->completed()) confirmation->markCompleted(c10::IValue());
+    if (confirmation && error) {
+      confirmation->setErrorIfNeeded(error);
+    } else if (confirmation && !confirmation->completed()) {
+      confirmation->markCompleted(c10::IValue());
+    }
     changed_.notify_all();
   }
 
@@ -516,7 +591,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     rref::RemoteCall call;
     if (!call.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed remote call");
     const Id rref = from_proto(call.rref());
-    auto owner = get_or_create_owner(rref);
+    auto owner = owner_for_remote_call(rref, from);
     if (!owner->claim_value()) {
       throw Error(ErrorKind::kProtocol, "remote call for RRef " + rref.str() + ", which already has a value");
     }
@@ -529,17 +604,24 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     Kwargs kwargs;
     decode_call(call.call(), m.tensors, from.id, &args, &kwargs);
     const std::string fn = call.call().function();
-    // Run once every RRef among the arguments is confirmed; the reply (the fork is
-    // recorded) goes out at once.
+    // Run once every RRef among the arguments is confirmed. The reply goes out when the
+    // value exists (or failed): the caller's deadline covers the creation, and its RRef
+    // is confirmed only by a creation that succeeded.
     auto self = shared_from_this();
     const int64_t autograd_context = m.autograd_context;
+    auto created = owner->value_future()->then(
+        [](c10::ivalue::Future& done) {
+          done.value();  // rethrows the creation's error
+          return message_to_ivalue(Message{kRRefRemoteCall, "", {}});
+        },
+        c10::AnyType::get());
     FuturePtr source;
     if (call.has_apply_to()) {
       auto target = find_owner(from_proto(call.apply_to()));
       if (!target) {
-        owner->value_future()->setError(std::make_exception_ptr(
+        owner->set_error(std::make_exception_ptr(
             Error(ErrorKind::kBadArgument, "RRef " + from_proto(call.apply_to()).str() + " is not owned by " + self->self().name)));
-        return completed_message(Message{kRRefRemoteCall, "", {}});
+        return created;
       }
       source = target->value_future();
     }
@@ -548,26 +630,26 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
                                 : self->run_(fn, std::move(args), std::move(kwargs), autograd_context);
       result->addCallback([owner](c10::ivalue::Future& r) {
         if (r.hasError()) {
-          owner->value_future()->setErrorIfNeeded(r.exception_ptr());
+          owner->set_error(r.exception_ptr());
         } else {
-          owner->value_future()->markCompleted(r.value());
+          owner->set_value(r.value());
         }
       });
     });
-    return completed_message(Message{kRRefRemoteCall, "", {}});
+    return created;
   }
 
   FuturePtr on_fetch(const WorkerInfo& from, Message m) {
     rref::Control control;
     if (!control.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed fetch");
-    auto owner = get_or_create_owner(from_proto(control.rref()));
+    auto owner = get_or_create_owner(from_proto(control.rref()), from);
     return reply_with_value(owner->value_future(), kRRefFetch, from.id);
   }
 
   FuturePtr on_apply(const WorkerInfo& from, Message m) {
     rref::RemoteCall call;
     if (!call.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed RRef call");
-    auto owner = get_or_create_owner(from_proto(call.rref()));
+    auto owner = get_or_create_owner(from_proto(call.rref()), from);
     std::vector<c10::IValue> args;
     Kwargs kwargs;
     decode_call(call.call(), m.tensors, from.id, &args, &kwargs);
@@ -617,7 +699,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     rref::Control control;
     if (!control.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed fork request");
     const Id rref = from_proto(control.rref());
-    auto owner = get_or_create_owner(rref);
+    auto owner = get_or_create_owner(rref, from);
     std::lock_guard<std::mutex> lock(mu_);
     owners_[rref] = owner;
     forks_[rref].emplace(from_proto(control.fork()), from.id);  // idempotent
@@ -679,6 +761,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
         if (it->first.worker == peer.id && !it->second->value_future()->completed()) {
           unfilled.push_back(std::move(it->second));
           forks_.erase(it->first);
+          placeholders_.erase(it->first);
           it = owners_.erase(it);
         } else {
           ++it;
@@ -721,7 +804,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
         ErrorKind::kPeerUnavailable, "the owner of this RRef, " + peer.name + ", is gone (" + reason.message() + ")"));
     for (auto& f : unconfirmed) f->setErrorIfNeeded(lost);
     for (auto& owner : unfilled) {
-      owner->value_future()->setErrorIfNeeded(std::make_exception_ptr(Error(
+      owner->set_error(std::make_exception_ptr(Error(
           ErrorKind::kPeerUnavailable, peer.name + ", which was creating this RRef, is gone (" + reason.message() + ")")));
     }
     if (forks_dropped || !dropped.empty()) {
@@ -757,9 +840,14 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     return it->second.lock();
   }
 
-  // A fetch or fork request may arrive before the remote call that creates the value:
-  // the record is created then, and the value fills it later.
-  c10::intrusive_ptr<OwnerRRef> get_or_create_owner(const Id& id) {
+  // A fetch, fork request or call from `from` may arrive before the remote call that
+  // creates the value (it came from a third worker, which got a fork from the creator):
+  // a placeholder record is made then, and the value fills it later. A record that can
+  // no longer come is an error at once, not a wait until the deadline: this worker's own
+  // ids, the creator's own requests (its remote call went first on the same stream), and
+  // ids at or below the creator's latest remote call here (they come in order), which
+  // are gone: freed, or never created here.
+  c10::intrusive_ptr<OwnerRRef> get_or_create_owner(const Id& id, const WorkerInfo& from) {
     if (auto owner = find_owner(id)) return owner;
     // Built outside the lock: an unused candidate is destroyed after the lock is released
     // (its destructor takes the lock).
@@ -770,10 +858,68 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
       auto it = all_owners_.find(id);
       if (it != all_owners_.end()) result = it->second.lock();
       if (!result) {
+        if (auto gone = failed_workers_.find(id.worker); gone != failed_workers_.end()) {
+          throw Error(ErrorKind::kPeerUnavailable, "RRef " + id.str() + " was never created on " + self().name +
+                                                       ": its creator is gone (" + gone->second + ")");
+        }
+        auto latest = latest_remote_call_.find(id.worker);
+        if (id.worker == self().id || id.worker == from.id ||
+            (latest != latest_remote_call_.end() && id.local <= latest->second)) {
+          throw Error(ErrorKind::kBadArgument, "RRef " + id.str() + " does not exist on its owner " + self().name +
+                                                   " (asked by " + from.name +
+                                                   "): it was already deleted, or never created there");
+        }
         all_owners_.insert_or_assign(id, c10::weak_intrusive_ptr<OwnerRRef>(candidate));
         owners_[id] = candidate;  // held until its forks are deleted
+        placeholders_.insert(id);
         result = candidate;
       }
+    }
+    return result;
+  }
+
+  // The record the remote call for `id` fills. Placeholders below `id` from the same
+  // creator will never be filled now: they fail (their waiters with them).
+  c10::intrusive_ptr<OwnerRRef> owner_for_remote_call(const Id& id, const WorkerInfo& from) {
+    if (id.worker != from.id) {
+      throw Error(ErrorKind::kProtocol, "remote call from " + from.name + " for RRef " + id.str() + ", which " +
+                                            from.name + " did not create");
+    }
+    if (id.worker == self().id) {
+      // Created with its handle by remote_impl; if the handle is already gone the function
+      // still runs, into a record nobody can reach.
+      if (auto owner = find_owner(id)) return owner;
+      return c10::make_intrusive<OwnerRRef>(shared_from_this(), id, self());
+    }
+    auto candidate = c10::make_intrusive<OwnerRRef>(shared_from_this(), id, self());
+    c10::intrusive_ptr<OwnerRRef> result;
+    std::vector<c10::intrusive_ptr<OwnerRRef>> dead;  // failed and released outside the lock
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = all_owners_.find(id);
+      if (it != all_owners_.end()) result = it->second.lock();
+      if (!result) {
+        all_owners_.insert_or_assign(id, c10::weak_intrusive_ptr<OwnerRRef>(candidate));
+        result = candidate;
+      }
+      placeholders_.erase(id);
+      int64_t& latest = latest_remote_call_.emplace(id.worker, -1).first->second;
+      latest = std::max(latest, id.local);
+      for (auto p = placeholders_.lower_bound(Id{id.worker, -1}); p != placeholders_.end() && p->worker == id.worker &&
+                                                                  p->local < id.local;) {
+        auto owner = owners_.find(*p);
+        if (owner != owners_.end()) {
+          dead.push_back(std::move(owner->second));
+          owners_.erase(owner);
+        }
+        forks_.erase(*p);
+        p = placeholders_.erase(p);
+      }
+    }
+    for (auto& owner : dead) {
+      owner->set_error(std::make_exception_ptr(
+          Error(ErrorKind::kBadArgument, "RRef " + owner->id().str() + " does not exist on its owner " + self().name +
+                                             ": " + from.name + " never created it there")));
     }
     return result;
   }
@@ -854,6 +1000,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
 
   void control_done(Control c, std::exception_ptr error) {
     bool fork_confirmed = false;
+    bool fork_refused = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (error && !stopped_ && c.attempt + 1 < options_.control_attempts) {
@@ -877,9 +1024,25 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
       }
       --controls_in_flight_;
       fork_confirmed = !error && c.type == kRRefForkRequest;
+      fork_refused = error && c.type == kRRefForkRequest && definitive(error);
     }
     changed_.notify_all();
     if (fork_confirmed) confirmed(c.fork);
+    // The owner will never know the fork (the RRef is gone there): its uses fail with
+    // the owner's answer, and nothing waits for a confirmation.
+    if (fork_refused) confirmed(c.fork, error);
+  }
+
+  // An answer from the peer itself, not a lost message or a gone peer.
+  static bool definitive(std::exception_ptr error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      return e.kind() != ErrorKind::kTimeout && e.kind() != ErrorKind::kPeerUnavailable &&
+             e.kind() != ErrorKind::kShutdown;
+    } catch (...) {
+      return false;
+    }
   }
 
   static std::string describe(std::exception_ptr e) {
@@ -896,6 +1059,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
   const RRefOptions options_;
   std::atomic<int64_t> next_local_{0};
   std::thread retry_thread_;
+  std::mutex remote_mu_;  // orders remote calls' ids with their sending
 
   std::mutex mu_;
   std::condition_variable changed_;
@@ -919,6 +1083,8 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
   std::map<Id, PendingChild> pending_children_;                     // forks awaiting the owner
   std::map<int, std::string> failed_workers_;                       // id -> why it is gone
   std::map<Id, int> fork_parents_;                                  // received fork -> who shared it
+  std::set<Id> placeholders_;            // records made by requests that overtook their remote call
+  std::map<int, int64_t> latest_remote_call_;  // creator -> highest id of its remote calls here
   std::multimap<Clock::time_point, Control> retries_;
   int64_t controls_in_flight_ = 0;
   int64_t live_owner_values_ = 0;
@@ -953,7 +1119,7 @@ RRef OwnerRRef::remote_on_owner(const std::string& fn, std::vector<c10::IValue> 
 }
 
 UserRRef::UserRRef(std::shared_ptr<ContextImpl> context, Id rref, Id fork, WorkerInfo owner)
-    : context_(context), rref_(rref), fork_(fork), owner_(std::move(owner)) {
+    : context_(context), rref_(rref), fork_(fork), owner_(std::move(owner)), self_name_(context->self().name) {
   context->user_created(rref_, fork_, owner_.id, confirmed_);
 }
 
@@ -971,6 +1137,7 @@ FuturePtr UserRRef::call_on_owner(const std::string& fn, std::vector<c10::IValue
                                   milliseconds timeout) {
   auto context = context_.lock();
   if (!context) throw Error(ErrorKind::kShutdown, "the RRef's worker has shut down");
+  check_usable();
   return context->apply_remote(owner_, rref_, fn, std::move(args), std::move(kwargs), timeout);
 }
 
@@ -978,6 +1145,7 @@ RRef UserRRef::remote_on_owner(const std::string& fn, std::vector<c10::IValue> a
                                milliseconds timeout) {
   auto context = context_.lock();
   if (!context) throw Error(ErrorKind::kShutdown, "the RRef's worker has shut down");
+  check_usable();
   return context->remote_impl(owner_, fn, std::move(args), std::move(kwargs), timeout, &rref_);
 }
 

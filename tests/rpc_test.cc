@@ -244,6 +244,19 @@ TEST_F(RpcTest, CallbacksMayMakeRpcsAndWaitOnFutures) {
   ASSERT_FALSE(chained->hasError()) << chained->tryRetrieveErrorMessage();
   EXPECT_TRUE(at::equal(chained->value().toTensor(), at::full({2}, 5.0)));
   EXPECT_EQ(thread, "callback");
+  // The same for an RRef proxy's future.
+  RRef ones = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({2})});
+  std::string proxy_thread;
+  auto through_rref = ones.rpc_async("sum")->then(
+      [&](c10::ivalue::Future& done) {
+        proxy_thread = current_thread_name();
+        return c10::IValue(job[0].rpc_sync("worker2", "aten::mul", {done.value().toTensor(), 3.0}).toTensor());
+      },
+      c10::AnyType::get());
+  through_rref->wait();
+  ASSERT_FALSE(through_rref->hasError()) << through_rref->tryRetrieveErrorMessage();
+  EXPECT_EQ(through_rref->value().toTensor().item<double>(), 6.0);
+  EXPECT_EQ(proxy_thread, "callback");
   // Many callbacks that block at once do not hold each other up.
   std::vector<FuturePtr> futures;
   for (int i = 0; i < 8; ++i) {

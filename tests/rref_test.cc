@@ -18,6 +18,7 @@
 #include "tests/job.h"
 #include "rpc/faulty_agent.h"
 #include "rpc/process_group_agent.h"
+#include "rref/proto/rref.pb.h"
 #include "rref/rref_context.h"
 
 namespace drpc {
@@ -56,6 +57,9 @@ DRPC_REGISTER_FUNCTION("rref.module", []() {
   m.define(R"(
     def forward(self, x):
         return x * self.w
+
+    def scaled(self, x, s: float):
+        return x * self.w * s
   )");
   return c10::IValue(m._ivalue());
 });
@@ -77,6 +81,37 @@ bool all_released(Job& job) {
     if (c.owners || c.owner_values || c.users || c.pending_children || c.pending_users) return false;
   }
   return true;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The drpc::Error `f` throws (kInternal "nothing thrown" if none).
+template <typename F>
+Error thrown_by(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  return Error(ErrorKind::kInternal, "nothing thrown");
+}
+
+Error error_of(const FuturePtr& future) {
+  return thrown_by([&] {
+    future->wait();
+    future->value();
+  });
+}
+
+// A fetch of RRef `id` ("creator:counter") sent by `from` to `owner` as the protocol does:
+// for ids no handle on `from` refers to any more, or never did.
+FuturePtr raw_fetch(Runtime& from, const std::string& owner, const std::string& id, milliseconds timeout) {
+  rref::Control control;
+  const size_t colon = id.find(':');
+  control.mutable_rref()->set_worker(std::stoi(id.substr(0, colon)));
+  control.mutable_rref()->set_local(std::stoll(id.substr(colon + 1)));
+  return from.agent().send(from.agent().worker(owner), Message{kRRefFetch, control.SerializeAsString(), {}}, timeout,
+                           "fetch of RRef " + id);
 }
 
 std::string describe_counts(Job& job) {
@@ -161,7 +196,136 @@ TEST_F(RRefTest, CreationThatFailsRemotelyRaisesOnUse) {
     }
   }
   RRef unknown = job[0].remote("worker1", "no.such.function");
-  EXPECT_THROW(unknown.to_here(), Error);
+  Error e = thrown_by([&] { unknown.to_here(); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument) << e.what();  // the owner's kind, kept
+  EXPECT_TRUE(contains(e.what(), "no.such.function")) << e.what();
+}
+
+TEST_F(RRefTest, AFailedCreationIsNeverConfirmed) {
+  Job& job = *job_;
+  RRef r = job[0].remote("worker1", "rref.fail");
+  r.impl().confirmation()->wait();
+  EXPECT_FALSE(r.confirmed_by_owner());
+  for (const Error& e : {thrown_by([&] { r.to_here(); }), thrown_by([&] { r.rpc_sync("sum"); })}) {
+    EXPECT_EQ(e.kind(), ErrorKind::kRemote) << e.what();
+    EXPECT_TRUE(contains(e.what(), "creation of RRef " + r.impl().id_string())) << e.what();
+    EXPECT_TRUE(contains(e.what(), "no value for you")) << e.what();
+  }
+}
+
+TEST_F(RRefTest, RemoteTimeoutCoversTheCreationOnTheOwner) {
+  Job& job = *job_;
+  Gate gate;
+  g_gate = &gate;
+  {
+    RRef r = job[0].remote("worker1", "rref.slow_ones", {int64_t{3}}, {}, milliseconds(300));
+    gate.wait_for_waiters(1);  // the function runs on the owner, and will not finish in time
+    const std::string id = r.impl().id_string();
+    auto creation_timed_out = [&](const Error& e) {
+      return e.kind() == ErrorKind::kTimeout && contains(e.what(), "creation of RRef " + id) &&
+             contains(e.what(), "timed out");
+    };
+    const auto start = Clock::now();
+    // A fetch already waiting fails when the creation times out, not at its own deadline.
+    Error fetched = thrown_by([&] { r.to_here(milliseconds(5000)); });
+    EXPECT_TRUE(creation_timed_out(fetched)) << fetched.what();
+    EXPECT_LT(Clock::now() - start, milliseconds(4000));
+    EXPECT_FALSE(r.confirmed_by_owner());
+    // Every later use says so too, at once.
+    const milliseconds bound(1000);
+    for (const Error& e : {thrown_by([&] { r.to_here(bound); }), thrown_by([&] { r.rpc_sync("sum", {}, {}, bound); }),
+                           thrown_by([&] { r.remote("sum", {}, {}, bound).to_here(bound); }),
+                           thrown_by([&] { job[0].rpc_sync("worker2", "rref.sum", {r.to_ivalue()}, {}, bound); })}) {
+      EXPECT_TRUE(creation_timed_out(e)) << e.what();
+    }
+    gate.release();
+  }
+  g_gate = nullptr;
+}
+
+TEST_F(RRefTest, FetchOfAFreedRRefFailsAtOnceNamingIt) {
+  Job& job = *job_;
+  std::string created, owned;
+  {
+    RRef r = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({2})});
+    r.to_here();
+    created = r.impl().id_string();
+    RRef local = job[1].make_local(c10::IValue(at::ones({3})));
+    EXPECT_EQ(job[1].rpc_sync("worker2", "rref.sum", {local.to_ivalue()}).toDouble(), 3.0);
+    owned = local.impl().id_string();
+  }
+  ASSERT_TRUE(eventually([&] { return job[1].rref_counts().owner_values == 0; })) << describe_counts(job);
+  // Asked by its creator, by a third worker (which may have held a fork), and for an RRef
+  // the owner made itself: none can ever have a value again.
+  for (const auto& [from, id] : std::vector<std::pair<int, std::string>>{{0, created}, {2, created}, {2, owned}}) {
+    const auto start = Clock::now();
+    Error e = error_of(raw_fetch(job[from], "worker1", id, milliseconds(5000)));
+    EXPECT_EQ(e.kind(), ErrorKind::kBadArgument) << e.what();
+    EXPECT_TRUE(contains(e.what(), "RRef " + id + " does not exist on its owner worker1")) << e.what();
+    EXPECT_LT(Clock::now() - start, milliseconds(4000));
+  }
+  EXPECT_EQ(job[1].rref_counts().owners, 0) << describe_counts(job);  // no empty record was made
+}
+
+TEST_F(RRefTest, AWaitingFetchFailsOnceItsCreationCanNoLongerCome) {
+  Job& job = *job_;
+  RRef first = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({1})});
+  first.to_here();
+  // remote() takes the RRef's id and then its fork's: worker0's next id is a fork id,
+  // never an RRef's.
+  const std::string id = first.impl().id_string();
+  const std::string never = "0:" + std::to_string(std::stoll(id.substr(id.find(':') + 1)) + 1);
+  const int64_t owners = job[1].rref_counts().owners;
+  FuturePtr fetch = raw_fetch(job[2], "worker1", never, milliseconds(10000));
+  // As far as worker1 can know, worker0's remote call for it may still come: it waits.
+  ASSERT_TRUE(eventually([&] { return job[1].rref_counts().owners == owners + 1; })) << describe_counts(job);
+  EXPECT_FALSE(fetch->completed());
+  RRef later = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({1})});  // a higher id: now it cannot
+  Error e = error_of(fetch);
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument) << e.what();
+  EXPECT_TRUE(contains(e.what(), "RRef " + never + " does not exist on its owner worker1")) << e.what();
+  EXPECT_TRUE(at::equal(later.to_here().toTensor(), at::ones({1})));
+}
+
+TEST_F(RRefTest, LocalValueOfAUserNamesThisWorkerAndTheOwner) {
+  Job& job = *job_;
+  RRef r = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({2})});
+  Error e = thrown_by([&] { r.local_value(); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument) << e.what();
+  EXPECT_TRUE(contains(e.what(), "RRef " + r.impl().id_string() + " on worker0")) << e.what();
+  EXPECT_TRUE(contains(e.what(), "worker1 is")) << e.what();
+}
+
+TEST_F(RRefTest, ProxiesCallTensorMethodsAndScriptMethods) {
+  Job& job = *job_;
+  RRef tensor = job[0].remote("worker2", "aten::ones", {c10::List<int64_t>({2})});
+  EXPECT_TRUE(at::equal(tensor.rpc_sync("add", {at::full({2}, 2.0)}).toTensor(), at::full({2}, 3.0)));
+  EXPECT_EQ(tensor.rpc_sync("sum").toTensor().item<double>(), 2.0);
+  FuturePtr product = tensor.rpc_async("mul", {4.0});
+  product->wait();
+  EXPECT_TRUE(at::equal(product->value().toTensor(), at::full({2}, 4.0)));
+  RRef derived = tensor.remote("add", {at::ones({2})}, {{"alpha", c10::IValue(int64_t{3})}});
+  EXPECT_EQ(derived.owner_name(), "worker2");
+  EXPECT_TRUE(at::equal(derived.to_here().toTensor(), at::full({2}, 4.0)));
+  RRef local = job[1].make_local(c10::IValue(at::full({3}, 2.0)));  // on the owner itself
+  EXPECT_EQ(local.rpc_sync("sum").toTensor().item<double>(), 6.0);
+  Error unknown = thrown_by([&] { tensor.rpc_sync("no_such_method"); });
+  EXPECT_EQ(unknown.kind(), ErrorKind::kBadArgument) << unknown.what();
+  EXPECT_TRUE(contains(unknown.what(), "Tensor") && contains(unknown.what(), "no method 'no_such_method'"))
+      << unknown.what();
+
+  RRef module = job[0].remote("worker1", "rref.module");
+  EXPECT_TRUE(at::equal(module.rpc_sync("scaled", {at::ones({2}), 2.0}).toTensor(), at::full({2}, 6.0)));
+  FuturePtr forward = module.rpc_async("forward", {at::ones({2})});
+  forward->wait();
+  EXPECT_TRUE(at::equal(forward->value().toTensor(), at::full({2}, 3.0)));
+  RRef scaled = module.remote("scaled", {at::ones({2}), 0.5});
+  EXPECT_EQ(scaled.owner_name(), "worker1");
+  EXPECT_TRUE(at::equal(scaled.to_here().toTensor(), at::full({2}, 1.5)));
+  Error missing = thrown_by([&] { module.rpc_sync("no_such_method"); });
+  EXPECT_EQ(missing.kind(), ErrorKind::kBadArgument) << missing.what();
+  EXPECT_TRUE(contains(missing.what(), "Affine") && contains(missing.what(), "no method 'no_such_method'"))
+      << missing.what();
 }
 
 TEST_F(RRefTest, OwnerSharesWithAUser) {
