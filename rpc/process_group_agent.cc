@@ -566,7 +566,9 @@ class ProcessGroupAgent final : public RpcAgent {
       envelope.set_type(out.type);
       envelope.set_payload(std::move(out.payload));
       try {
-        group_.send_message(out.dst, PgMessage{envelope.SerializeAsString(), {}});
+        std::string header = envelope.SerializeAsString();
+        if (metrics_) metrics_->bytes_sent(out.dst, static_cast<int64_t>(header.size()));  // as the receiver counts it
+        group_.send_message(out.dst, PgMessage{std::move(header), {}});
       } catch (const Error& e) {
         VLOG(1) << "join message to " << workers_[out.dst].name << " not sent: " << e.what();  // it is gone
       }

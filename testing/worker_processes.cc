@@ -1,6 +1,12 @@
 #include "testing/worker_processes.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdlib>
+#include <stdexcept>
 
 #include "common/subprocess.h"
 #include "process_group/grpc_store.h"
@@ -33,6 +39,27 @@ std::vector<int> run_worker_processes(const std::string& runfiles_path, int worl
     codes.push_back(code ? *code : -1);
   }
   return codes;  // the Subprocess destructors kill whatever still runs
+}
+
+std::string read_until_closed(int fd) {
+  std::string output;
+  char buf[512];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) output.append(buf, n);
+  close(fd);
+  return output;
+}
+
+int free_loopback_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  if (fd >= 0) close(fd);
+  if (!ok) throw std::runtime_error("no free loopback port");
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace testing

@@ -19,5 +19,12 @@ std::vector<int> run_worker_processes(const std::string& runfiles_path, int worl
                                       const std::string& scenario,
                                       std::chrono::milliseconds deadline = std::chrono::minutes(4));
 
+// Reads what a child writes to `fd` until it closes its end (exits), then closes `fd`.
+std::string read_until_closed(int fd);
+
+// A loopback TCP port that is free now, for a process that must be told its port before
+// it starts (a worker hosting the store).
+int free_loopback_port();
+
 }  // namespace testing
 }  // namespace drpc

@@ -23,15 +23,6 @@ using std::chrono::milliseconds;
 using testing::contains;
 using testing::runfile;
 
-// Reads everything a child writes to `fd` until it closes.
-std::string read_all(int fd) {
-  std::string output;
-  char buf[512];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) output.append(buf, n);
-  close(fd);
-  return output;
-}
-
 TEST(SecureJob, TlsWithTokenWorksEndToEndAndATokenlessWorkerCannotJoin) {
   const std::string dir = testing::make_temp_dir("secure");
   const testing::TlsCerts certs = testing::make_tls_certs(dir);
@@ -51,7 +42,7 @@ TEST(SecureJob, TlsWithTokenWorksEndToEndAndATokenlessWorkerCannotJoin) {
         {runfile("tools/worker/drpc_worker"), "--rank=1", "--world_size=3", "--master_port=" + port,
          "--tls_cert=" + certs.cert, "--tls_key=" + certs.key, "--tls_ca=" + certs.ca},
         {"GLOG_minloglevel=2"}, &fd);
-    const std::string output = read_all(fd);
+    const std::string output = testing::read_until_closed(fd);
     auto code = intruder->wait(std::chrono::seconds(30));
     ASSERT_TRUE(code.has_value());
     EXPECT_EQ(*code, 1) << output;

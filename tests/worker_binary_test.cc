@@ -100,36 +100,13 @@ TEST(WorkerBinary, MissingSettingsAreAOneLineError) {
 }
 
 
-// A loopback port free now, for a worker that hosts the store: the others must know the
-// port before that worker starts.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) ADD_FAILURE() << "cannot bind";
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// Reads until the writer closes `fd` (the child exited), then closes it.
-std::string read_all(int fd) {
-  std::string output;
-  char buf[512];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) output.append(buf, n);
-  close(fd);
-  return output;
-}
-
 // drpc_worker processes of one job whose rank 0 hosts the store, each started with its own
 // name; their exit codes and output (a few lines, well within a pipe's buffer, so it can be
 // read after the exit).
 class NamedWorkers {
  public:
   explicit NamedWorkers(int world_size)
-      : world_size_(world_size), port_(free_port()), workers_(world_size), fds_(world_size, -1),
+      : world_size_(world_size), port_(testing::free_loopback_port()), workers_(world_size), fds_(world_size, -1),
         codes_(world_size), outputs_(world_size) {}
 
   void start(int rank, const std::string& name) {
@@ -143,7 +120,7 @@ class NamedWorkers {
   void finish(int rank) {
     codes_[rank] = workers_[rank]->wait(std::chrono::seconds(90));
     if (!codes_[rank]) workers_[rank]->kill(SIGKILL);
-    outputs_[rank] = read_all(fds_[rank]);
+    outputs_[rank] = testing::read_until_closed(fds_[rank]);
   }
 
   // Every rank exited non-zero with `error` in its output.
