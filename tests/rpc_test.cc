@@ -38,6 +38,10 @@ DRPC_REGISTER_FUNCTION("test.concat", [](std::string a, int64_t b) { return a + 
 DRPC_REGISTER_FUNCTION("test.nothing", []() {});
 DRPC_REGISTER_FUNCTION("test.fail", [](std::string why) -> int64_t { throw std::runtime_error(why); });
 DRPC_REGISTER_FUNCTION("test.whoami", []() { return current_runtime().get_worker_info().name; });
+DRPC_REGISTER_FUNCTION("test.blocked_sum", [](at::Tensor t) {
+  g_gate.load()->wait();
+  return t.sum();
+});
 DRPC_REGISTER_FUNCTION("test.blocked", [](int64_t x) {
   g_gate.load()->wait();
   return x;
@@ -224,11 +228,18 @@ TEST_F(RpcTest, TorchScriptModulesLoadedByName) {
 }
 
 // A `then` callback may make RPCs and wait on other futures: it runs on a callback thread,
-// not on the network thread whose reply it would be waiting for.
+// not on the network thread whose reply it would be waiting for. (The calls are held on a
+// gate until their callbacks are attached: a callback attached to a future that already
+// completed runs at once on the attaching thread.)
 TEST_F(RpcTest, CallbacksMayMakeRpcsAndWaitOnFutures) {
   Job& job = *job_;
-  auto first = job[0].rpc_async("worker1", "aten::add", {at::ones({2}), at::ones({2})});
-  std::string thread;
+  Gate gate;
+  g_gate = &gate;
+  auto first = job[0].rpc_async("worker1", "test.blocked_sum", {at::ones({2})});
+  RRef ones = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({2})});
+  auto proxied = ones.rpc_async("test.blocked_sum");  // the function, with the value first
+  gate.wait_for_waiters(2);
+  std::string thread, proxy_thread;
   auto chained = first->then(
       [&](c10::ivalue::Future& done) {
         thread = current_thread_name();
@@ -240,20 +251,19 @@ TEST_F(RpcTest, CallbacksMayMakeRpcsAndWaitOnFutures) {
         return c10::IValue(more->value().toTensor());
       },
       c10::AnyType::get());
-  chained->wait();
-  ASSERT_FALSE(chained->hasError()) << chained->tryRetrieveErrorMessage();
-  EXPECT_TRUE(at::equal(chained->value().toTensor(), at::full({2}, 5.0)));
-  EXPECT_EQ(thread, "callback");
-  // The same for an RRef proxy's future.
-  RRef ones = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({2})});
-  std::string proxy_thread;
-  auto through_rref = ones.rpc_async("sum")->then(
+  auto through_rref = proxied->then(
       [&](c10::ivalue::Future& done) {
         proxy_thread = current_thread_name();
         return c10::IValue(job[0].rpc_sync("worker2", "aten::mul", {done.value().toTensor(), 3.0}).toTensor());
       },
       c10::AnyType::get());
+  gate.release();
+  chained->wait();
   through_rref->wait();
+  g_gate = nullptr;
+  ASSERT_FALSE(chained->hasError()) << chained->tryRetrieveErrorMessage();
+  EXPECT_EQ(chained->value().toTensor().item<double>(), 5.0);
+  EXPECT_EQ(thread, "callback");
   ASSERT_FALSE(through_rref->hasError()) << through_rref->tryRetrieveErrorMessage();
   EXPECT_EQ(through_rref->value().toTensor().item<double>(), 6.0);
   EXPECT_EQ(proxy_thread, "callback");
