@@ -5,9 +5,16 @@
 #include <cstdio>
 #include <sstream>
 
+#include <grpcpp/version_info.h>
+#include <google/protobuf/stubs/common.h>
+#include <torch/csrc/api/include/torch/version.h>
+
 #include "common/utf8.h"
 
 namespace drpc {
+
+const char* const kDrpcVersion = "0.1.0";
+
 namespace {
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
@@ -150,7 +157,8 @@ Metrics::Metrics(std::string worker, int rank, std::vector<std::string> peers)
       rank_(rank),
       peers_(std::move(peers)),
       bytes_sent_(zeros(peers_.size())),
-      bytes_received_(zeros(peers_.size())) {}
+      bytes_received_(zeros(peers_.size())),
+      last_heard_ns_(zeros(peers_.size())) {}
 
 Metrics::~Metrics() = default;
 
@@ -188,7 +196,14 @@ void Metrics::bytes_sent(int peer, int64_t n) {
 }
 
 void Metrics::bytes_received(int peer, int64_t n) {
-  if (peer >= 0 && peer < static_cast<int>(peers_.size())) bytes_received_[peer].fetch_add(n, kRelaxed);
+  if (peer < 0 || peer >= static_cast<int>(peers_.size())) return;
+  bytes_received_[peer].fetch_add(n, kRelaxed);
+  last_heard_ns_[peer].store(std::chrono::steady_clock::now().time_since_epoch().count(), kRelaxed);
+}
+
+int64_t Metrics::last_heard_ns(int peer) const {
+  if (peer < 0 || peer >= static_cast<int>(peers_.size())) return 0;
+  return last_heard_ns_[peer].load(kRelaxed);
 }
 
 void Metrics::set_gauge_source(GaugeSource source) {
@@ -220,6 +235,14 @@ MetricsSnapshot Metrics::snapshot() const {
     if (static_cast<int>(p) == rank_) continue;  // calls to oneself never touch the wire
     s.bytes_sent[peers_[p]] = bytes_sent_[p].load(kRelaxed);
     s.bytes_received[peers_[p]] = bytes_received_[p].load(kRelaxed);
+    MetricsSnapshot::Peer peer;
+    peer.name = peers_[p];
+    peer.rank = static_cast<int>(p);
+    if (const int64_t heard = last_heard_ns_[p].load(kRelaxed)) {
+      const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+      peer.last_heard_seconds = std::max<int64_t>(0, now - heard) * 1e-9;
+    }
+    s.peers.push_back(std::move(peer));
   }
   std::lock_guard<std::mutex> lock(gauge_mu_);
   if (gauges_) gauges_(s);
@@ -327,6 +350,16 @@ std::string to_prometheus_text(const MetricsSnapshot& s) {
   gauge("drpc_rref_users", "User references to RRefs held on this worker.", s.rref_users);
   gauge("drpc_rref_pending_forks", "RRef forks their owner has not confirmed yet.", s.rref_pending_forks);
   gauge("drpc_autograd_contexts", "Live distributed autograd contexts on this worker.", s.autograd_contexts);
+
+  header("drpc_peer_up", "gauge", "1 while this worker's connection to the peer is up, 0 once it failed or left.");
+  for (const auto& p : s.peers) {
+    out << "drpc_peer_up{" << worker << ",peer=\"" << escape_label(p.name) << "\"} " << (p.alive ? 1 : 0) << '\n';
+  }
+  header("drpc_build_info", "gauge", "Always 1; the labels name the versions this worker was built with.");
+  out << "drpc_build_info{" << worker << ",version=\"" << kDrpcVersion << "\",torch=\"" << TORCH_VERSION
+      << "\",grpc=\"" << GRPC_CPP_VERSION_STRING << "\",protobuf=\""
+      << GOOGLE_PROTOBUF_VERSION / 1000000 << '.' << GOOGLE_PROTOBUF_VERSION / 1000 % 1000 << '.'
+      << GOOGLE_PROTOBUF_VERSION % 1000 << "\"} 1\n";
   return out.str();
 }
 

@@ -68,6 +68,27 @@ struct MetricsSnapshot {
   int64_t rref_pending_forks = 0;  // forks not confirmed by their owner yet
   int64_t autograd_contexts = 0;   // live distributed autograd contexts
 
+  // Every other worker of the job, by rank: whether it is up, and when this worker last
+  // received a message from it at the RPC layer (requests, replies, join and control
+  // messages; the transport's heartbeats are not counted).
+  struct Peer {
+    std::string name;
+    int rank = -1;
+    bool alive = true;
+    bool left = false;    // it shut down (said goodbye), rather than failed
+    std::string reason;   // why it is gone, if it is
+    double last_heard_seconds = -1;  // seconds since its last message; -1: none yet
+  };
+  std::vector<Peer> peers;  // filled by the agent (gauge source); the ranks' order
+  // Calls this worker sent that await a reply, oldest first, at most kMaxCallsListed.
+  struct Call {
+    std::string function;
+    std::string peer;
+    double age_seconds = 0;
+  };
+  std::vector<Call> calls_in_flight;
+  static constexpr size_t kMaxCallsListed = 100;
+
   int64_t total_calls_sent() const;
   int64_t total_calls_received() const;
 };
@@ -94,6 +115,9 @@ class Metrics {
   void call_received(Function* f, int peer);
   void reply_received(Function* f, std::chrono::nanoseconds round_trip);
   void request_served(Function* f, std::chrono::nanoseconds arrival_to_reply);
+  // When this worker last heard from `peer` (steady clock, ns; 0: never), as recorded by
+  // bytes_received.
+  int64_t last_heard_ns(int peer) const;
   // sent: a call this worker made failed; else a request it served failed.
   void error(bool sent, ErrorKind kind);
   void bytes_sent(int peer, int64_t n);
@@ -114,6 +138,7 @@ class Metrics {
   const int rank_;
   const std::vector<std::string> peers_;
   std::unique_ptr<std::atomic<int64_t>[]> bytes_sent_, bytes_received_;  // by rank
+  std::unique_ptr<std::atomic<int64_t>[]> last_heard_ns_;                // by rank
   std::array<std::atomic<int64_t>, kKinds> errors_sent_{}, errors_received_{};
   mutable std::mutex gauge_mu_;
   GaugeSource gauges_;  // guarded by gauge_mu_
@@ -126,7 +151,13 @@ class Metrics {
 // RRef ids ("owner:counter") that RRef messages add dropped and the length capped.
 std::string function_label(const std::string& what);
 
-// The Prometheus text exposition format (version 0.0.4) of `snapshot`.
+// The Prometheus text exposition format (version 0.0.4) of `snapshot`, with
+// drpc_peer_up{peer} (1 while a peer is up) and drpc_build_info{version,torch,grpc,protobuf}.
+std::string to_prometheus_text(const MetricsSnapshot& snapshot);
+
+// drpc's version, as drpc_build_info reports it.
+extern const char* const kDrpcVersion;
+
 std::string to_prometheus_text(const MetricsSnapshot& snapshot);
 
 // One line for the log at shutdown: calls, errors, bytes, the slowest functions.

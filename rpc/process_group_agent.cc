@@ -143,6 +143,20 @@ class ProcessGroupAgent final : public RpcAgent {
       s.in_flight_sent = static_cast<int64_t>(pending_.size());
       s.in_flight_received = processing_;
       s.handler_queue = static_cast<int64_t>(queue_.size());
+      for (auto& peer : s.peers) {
+        if (peer.rank < 0 || peer.rank >= static_cast<int>(dead_.size()) || !dead_[peer.rank]) continue;
+        peer.alive = false;
+        auto it = gone_reason_.find(peer.rank);
+        if (it != gone_reason_.end()) peer.reason = it->second;
+        // The transport's reason for a peer that said goodbye (grpc_transport.cc, lost()).
+        const std::string goodbye = "rank " + std::to_string(peer.rank) + " shut down";
+        peer.left = peer.reason.find(goodbye) != std::string::npos;
+      }
+      const auto now = steady_now_ns();
+      for (const auto& [id, p] : pending_) {  // ids grow: oldest first
+        if (s.calls_in_flight.size() >= MetricsSnapshot::kMaxCallsListed) break;
+        s.calls_in_flight.push_back({function_label(p.what), workers_[p.dst].name, (now - p.start_ns) * 1e-9});
+      }
     });
   }
   void add_peer_failure_listener(PeerFailureListener listener) override {
@@ -514,6 +528,7 @@ class ProcessGroupAgent final : public RpcAgent {
       // A join no longer waits for it: the reports in hand may now be complete, and if it
       // led, the next live rank leads (workers waiting report again).
       dead_[rank] = true;
+      gone_reason_[rank] = reason.message();
       for (auto& [generation, state] : leading_) evaluate_join_locked(generation, &outbox);
       for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->second.dst == rank) {
@@ -926,6 +941,7 @@ class ProcessGroupAgent final : public RpcAgent {
   std::vector<int64_t> sent_to_;        // requests sent, by rank (not to oneself)
   std::vector<int64_t> answered_from_;  // requests answered, by rank (not from oneself)
   std::vector<bool> dead_;              // peers known gone
+  std::map<int, std::string> gone_reason_;  // guarded by mu_: why each dead peer is gone
   int64_t join_generation_ = 0;         // calls of join() so far
   int64_t join_done_generation_ = 0;    // the last join the leader declared done
   std::map<int64_t, int64_t> join_retry_;  // generation -> round a verdict asked for
