@@ -1,8 +1,12 @@
 // Observability with real processes: the trace of a call chain across three worker
 // processes, and a drpc_worker's Prometheus endpoint read over real HTTP, with its tagged
-// logs and the metrics it logs at shutdown.
+// logs and the metrics it logs at shutdown; its /healthz and /state as the job joins, runs
+// and loses a worker.
 
 #include <ATen/ATen.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <signal.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -150,6 +154,139 @@ TEST(ObservabilityProcesses, WorkerServesPrometheusMetricsOverHttpAndLogsThemTag
   // Once the job is quiet nothing is in flight. (Earlier, a reply can reach this process
   // before the worker has counted its request as done.)
   EXPECT_TRUE(contains(log, "\ndrpc_rpc_in_flight{worker=\"worker1\",direction=\"received\"} 0\n")) << log;
+}
+
+// The body of an HTTP response, and its status line.
+std::string body_of(const std::string& response) {
+  const size_t end = response.find("\r\n\r\n");
+  return end == std::string::npos ? "" : response.substr(end + 4);
+}
+
+// Parses `json` (protobuf's parser: strict JSON); returns the object or fails the test.
+google::protobuf::Struct parse_json(const std::string& json) {
+  google::protobuf::Struct root;
+  auto status = google::protobuf::util::JsonStringToMessage(json, &root);
+  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
+  return root;
+}
+
+// GETs `path` until its status line starts with `status` (up to 30 s); the last response.
+std::string poll_until(int port, const std::string& path, const std::string& status) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  std::string r;
+  while (std::chrono::steady_clock::now() < deadline) {
+    r = testing::http_get(port, path);
+    if (r.rfind(status, 0) == 0) return r;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return r;
+}
+
+// A peer's entry in /state's "peers".
+google::protobuf::Struct peer_of(const google::protobuf::Struct& state, const std::string& name) {
+  for (const auto& p : state.fields().at("peers").list_value().values()) {
+    if (p.struct_value().fields().at("name").string_value() == name) return p.struct_value();
+  }
+  ADD_FAILURE() << "no peer " << name << " in /state";
+  return {};
+}
+
+TEST(ObservabilityProcesses, HealthzAndStateFollowTheJobOverHttp) {
+  // This test hosts the store and is rank 0; drpc_worker processes are ranks 1 and 2.
+  auto store = start_store_server("127.0.0.1", 0);
+  const std::string master = "DRPC_MASTER_PORT=" + std::to_string(store->port());
+  int fd = -1;
+  std::unique_ptr<Output> reader;  // declared first: the workers are killed before it is joined
+  auto worker1 = Subprocess::start_with_output(
+      {testing::runfile("tools/worker/drpc_worker"), "--rank=1", "--world_size=3", "--metrics_port=0"},
+      {master, "GLOG_minloglevel=2"}, &fd);
+  reader = std::make_unique<Output>(fd);
+  const std::string port_text =
+      reader->wait_for(std::regex("worker1 serves metrics on http://127\\.0\\.0\\.1:([0-9]+)/metrics"),
+                       std::chrono::seconds(20));
+  ASSERT_FALSE(port_text.empty()) << "no metrics address announced";
+  const int port = std::stoi(port_text);
+
+  // Joining: ranks 0 and 2 are not there yet.
+  std::string r = testing::http_get(port, "/healthz");
+  EXPECT_EQ(r.rfind("HTTP/1.0 503 ", 0), 0u) << r;
+  EXPECT_TRUE(contains(r, "joining the job")) << r;
+  r = testing::http_get(port, "/state");
+  EXPECT_EQ(r.rfind("HTTP/1.0 200 ", 0), 0u) << r;
+  EXPECT_TRUE(contains(r, "Content-Type: application/json")) << r;
+  EXPECT_EQ(parse_json(body_of(r)).fields().at("state").string_value(), "joining");
+  EXPECT_EQ(testing::http_get(port, "/metrics").rfind("HTTP/1.0 503 ", 0), 0u);
+
+  auto worker2 = Subprocess::start({testing::runfile("tools/worker/drpc_worker"), "--rank=2", "--world_size=3"},
+                                   {master, "GLOG_minloglevel=2"});
+  Options options;
+  options.master_port = store->port();
+  options.host_store = false;
+  options.init_timeout = std::chrono::seconds(20);
+  auto me = Runtime::create("worker0", 0, 3, options);
+  const at::Tensor x = at::ones({4});
+  EXPECT_TRUE(at::equal(me->rpc_sync("worker1", "aten::neg", {x}).toTensor(), -x));
+  EXPECT_TRUE(at::equal(me->rpc_sync("worker2", "aten::neg", {x}).toTensor(), -x));
+
+  // Joined: healthy, every peer alive, nothing in flight.
+  r = poll_until(port, "/healthz", "HTTP/1.0 200 ");
+  EXPECT_EQ(r.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << r;
+  EXPECT_EQ(body_of(r), "ok\n");
+  {
+    const auto state = parse_json(body_of(testing::http_get(port, "/state")));
+    EXPECT_EQ(state.fields().at("worker").string_value(), "worker1");
+    EXPECT_EQ(state.fields().at("state").string_value(), "serving");
+    EXPECT_TRUE(state.fields().at("healthy").bool_value());
+    EXPECT_EQ(state.fields().at("peers").list_value().values_size(), 2);
+    const auto w0 = peer_of(state, "worker0");
+    EXPECT_EQ(w0.fields().at("state").string_value(), "alive");
+    EXPECT_GE(w0.fields().at("last_heard_seconds_ago").number_value(), 0);  // a number: it called
+    EXPECT_LT(w0.fields().at("last_heard_seconds_ago").number_value(), 30);
+    EXPECT_EQ(peer_of(state, "worker2").fields().at("state").string_value(), "alive");
+    EXPECT_EQ(state.fields().at("calls_in_flight").struct_value().fields().at("sent").number_value(), 0);
+    EXPECT_EQ(state.fields().at("rrefs").struct_value().fields().at("owners").number_value(), 0);
+    EXPECT_EQ(state.fields().at("autograd_contexts").number_value(), 0);
+  }
+  std::string metrics = body_of(testing::http_get(port, "/metrics"));
+  EXPECT_TRUE(contains(metrics, "drpc_peer_up{worker=\"worker1\",peer=\"worker2\"} 1\n")) << metrics;
+  EXPECT_TRUE(contains(metrics, "drpc_build_info{worker=\"worker1\",version=\"")) << metrics;
+
+  // A peer killed: worker1 is no longer healthy and names it; the others stay alive.
+  worker2->kill(SIGKILL);
+  ASSERT_TRUE(worker2->wait(std::chrono::seconds(10)).has_value());
+  r = poll_until(port, "/healthz", "HTTP/1.0 503 ");
+  EXPECT_EQ(r.rfind("HTTP/1.0 503 Service Unavailable\r\n", 0), 0u) << r;
+  EXPECT_TRUE(contains(body_of(r), "peer failed: worker2 (")) << r;
+  {
+    const auto state = parse_json(body_of(testing::http_get(port, "/state")));
+    EXPECT_FALSE(state.fields().at("healthy").bool_value());
+    const auto w2 = peer_of(state, "worker2");
+    EXPECT_EQ(w2.fields().at("state").string_value(), "failed");
+    EXPECT_FALSE(w2.fields().at("reason").string_value().empty());
+    EXPECT_EQ(peer_of(state, "worker0").fields().at("state").string_value(), "alive");
+  }
+  metrics = body_of(testing::http_get(port, "/metrics"));
+  EXPECT_TRUE(contains(metrics, "drpc_peer_up{worker=\"worker1\",peer=\"worker2\"} 0\n")) << metrics;
+  EXPECT_TRUE(contains(metrics, "drpc_peer_up{worker=\"worker1\",peer=\"worker0\"} 1\n")) << metrics;
+
+  // Calls in flight carry their function, peer and age (this process's own agent: a call
+  // to worker1 while it is stopped).
+  worker1->kill(SIGSTOP);
+  auto fut = me->rpc_async("worker1", "aten::neg", {x});
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const MetricsSnapshot snap = me->metrics();
+  worker1->kill(SIGCONT);
+  ASSERT_EQ(snap.calls_in_flight.size(), 1u);
+  EXPECT_EQ(snap.calls_in_flight[0].function, "aten::neg");
+  EXPECT_EQ(snap.calls_in_flight[0].peer, "worker1");
+  EXPECT_GE(snap.calls_in_flight[0].age_seconds, 0.1);
+  fut->wait();
+  EXPECT_FALSE(fut->hasError());
+
+  me->shutdown(true);  // worker2 is known to have failed: not waited for
+  auto code = worker1->wait(std::chrono::seconds(60));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 0);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -61,7 +62,7 @@ TEST(WorkerBinary, ServesBuiltinsAndLoadedTorchScriptThenExitsCleanly) {
   }
 }
 
-TEST(WorkerBinary, SigtermLeavesTheJobAndExitsZero) {
+TEST(WorkerBinary, SigtermLeavesTheJobAndExits143) {
   auto store = start_store_server("127.0.0.1", 0);
   auto worker = Subprocess::start({runfile("tools/worker/drpc_worker"), "--rank=1", "--world_size=2",
                                    "--master_port=" + std::to_string(store->port())},
@@ -75,7 +76,7 @@ TEST(WorkerBinary, SigtermLeavesTheJobAndExitsZero) {
   worker->kill(SIGTERM);
   auto code = worker->wait(std::chrono::seconds(30));
   ASSERT_TRUE(code.has_value());
-  EXPECT_EQ(*code, 0);
+  EXPECT_EQ(*code, 143);  // 128 + SIGTERM: a preempted worker is not a success
   try {
     me->rpc_sync("worker1", "aten::neg", {at::ones({1})}, {}, std::chrono::milliseconds(5000));
     ADD_FAILURE() << "a call to a worker that left succeeded";
@@ -99,6 +100,106 @@ TEST(WorkerBinary, MissingSettingsAreAOneLineError) {
   EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
 }
 
+
+// Everything `argv` prints (stdout and stderr) and its exit code (-1: still running after 60 s).
+std::pair<int, std::string> run(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+  int fd = -1;
+  auto p = Subprocess::start_with_output(argv, env, &fd);
+  const std::string output = testing::read_until_closed(fd);
+  auto code = p->wait(std::chrono::seconds(60));
+  return {code ? *code : -1, output};
+}
+
+// torch's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) and Kubernetes'
+// JOB_COMPLETION_INDEX start a job with no DRPC_* variable and no flag.
+TEST(WorkerBinary, TorchAndKubernetesVariablesStartAJob) {
+  auto store = start_store_server("127.0.0.1", 0);
+  const std::string port = std::to_string(store->port());
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  workers.push_back(Subprocess::start({runfile("tools/worker/drpc_worker")},
+                                      {"RANK=1", "WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
+                                       "LOCAL_RANK=1", "GLOG_minloglevel=1"}));
+  workers.push_back(Subprocess::start(
+      {runfile("tools/worker/drpc_worker")},
+      {"JOB_COMPLETION_INDEX=2", "WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, "GLOG_minloglevel=1"}));
+  Options options;
+  options.master_port = store->port();
+  options.host_store = false;
+  options.init_timeout = std::chrono::seconds(20);
+  auto me = Runtime::create("worker0", 0, 3, options);
+  EXPECT_EQ(me->get_worker_info("worker1").id, 1);
+  EXPECT_EQ(me->get_worker_info("worker2").id, 2);
+  EXPECT_TRUE(at::equal(me->rpc_sync("worker2", "aten::neg", {at::ones({1})}).toTensor(), -at::ones({1})));
+  me->shutdown(true);
+  for (auto& w : workers) {
+    auto code = w->wait(std::chrono::seconds(60));
+    ASSERT_TRUE(code.has_value());
+    EXPECT_EQ(*code, 0);
+  }
+}
+
+// Numbers with trailing garbage, from flags or variables, are refused with one line naming
+// the flag (and the variable), by the worker, the main job and the launcher.
+TEST(WorkerBinary, MalformedNumbersAreRefusedNamingTheFlag) {
+  const std::string worker = runfile("tools/worker/drpc_worker");
+  struct Case {
+    std::vector<std::string> argv, env;
+    int code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{worker, "--rank=0", "--world_size=1", "--master_port=29500x"}, {}, 1, "'master_port'"},
+      {{worker}, {"RANK=0", "WORLD_SIZE=1", "MASTER_PORT=29500x"}, 1,
+       "bad setting: MASTER_PORT='29500x' (for --master_port) is not a valid int32"},
+      {{worker}, {"DRPC_RANK=0", "DRPC_WORLD_SIZE=1", "DRPC_RPC_TIMEOUT_MS=5s"}, 1,
+       "DRPC_RPC_TIMEOUT_MS='5s' (for --rpc_timeout_ms) is not a valid int32"},
+      {{worker}, {"RANK=1x", "WORLD_SIZE=2"}, 1, "RANK='1x' (for --rank) is not a valid int32"},
+      {{worker}, {"RANK=3", "WORLD_SIZE=2"}, 1, "bad setting: RANK=3: must be in [0, 1]"},
+      {{worker, "--rank=0", "--world_size=1", "--master_port=70000"}, {}, 1, "--master_port=70000: must be in [0, 65535]"},
+      {{runfile("tools/demo/fashion_mnist")}, {"RANK=0", "WORLD_SIZE=1", "DRPC_EPOCHS=2x"}, 2,
+       "DRPC_EPOCHS='2x' (for --epochs) is not a valid int32"},
+      {{runfile("tools/demo/fashion_mnist"), "--rank=0", "--world_size=1", "--batch_size=64k"}, {}, 1, "'batch_size'"},
+      {{runfile("tools/launch/drpc_launch"), "--nproc=2x", "--", worker}, {}, 1, "'nproc'"},
+      {{runfile("tools/launch/drpc_launch"), "--", worker}, {"MASTER_PORT=1e3"}, 2,
+       "MASTER_PORT='1e3' (for --master_port) is not a valid int32"},
+      {{runfile("tools/launch/drpc_launch"), "--nnodes=2", "--node_rank=1", "--", worker}, {}, 2,
+       "--master_port (default)=0: must be in [1, 65535]"},
+      {{runfile("tools/launch/drpc_launch"), "--nnodes=2", "--node_rank=2", "--master_port=5", "--", worker}, {}, 2,
+       "--node_rank=2: must be in [0, 1]"},
+  };
+  for (const auto& c : cases) {
+    auto [code, output] = run(c.argv, c.env);
+    std::string what = c.argv.back();
+    for (const auto& e : c.env) what += " " + e;
+    EXPECT_EQ(code, c.code) << what << ": " << output;
+    EXPECT_NE(output.find(c.message), std::string::npos) << what << ": " << output;
+  }
+}
+
+// Two launchers as two nodes of one job (--nnodes, --node_rank, --master_addr), one worker
+// each: ranks 0 and 1 of 2, LOCAL_RANK 0 on both; the job of two drpc_workers ends at once.
+TEST(WorkerBinary, LaunchersOnTwoNodesFormOneJob) {
+  const std::string port = std::to_string(testing::free_loopback_port());
+  std::vector<std::unique_ptr<Subprocess>> launchers;
+  std::vector<int> fds(2, -1);
+  for (int node = 0; node < 2; ++node) {
+    launchers.push_back(Subprocess::start_with_output(
+        {runfile("tools/launch/drpc_launch"), "--nnodes=2", "--node_rank=" + std::to_string(node),
+         "--master_addr=127.0.0.1", "--master_port=" + port, "--nproc=1", "--", runfile("tools/worker/drpc_worker")},
+        {"GLOG_logtostderr=1", "GLOG_minloglevel=0"}, &fds[node]));
+  }
+  for (int node = 0; node < 2; ++node) {
+    auto code = launchers[node]->wait(std::chrono::seconds(60));
+    if (!code) launchers[node]->kill(SIGKILL);
+    const std::string output = testing::read_until_closed(fds[node]);
+    ASSERT_TRUE(code.has_value()) << output;
+    EXPECT_EQ(*code, 0) << output;
+    const std::string r = std::to_string(node);
+    EXPECT_NE(output.find("[rank " + r + "] "), std::string::npos) << output;
+    EXPECT_NE(output.find("worker" + r + " (rank " + r + " of 2, local rank 0) serving"), std::string::npos)
+        << output;
+  }
+}
 
 // drpc_worker processes of one job whose rank 0 hosts the store, each started with its own
 // name; their exit codes and output (a few lines, well within a pipe's buffer, so it can be

@@ -2,7 +2,11 @@
 // Rank 0 (the trainer) holds the input layer and the head; every other rank holds one
 // hidden block (Linear(256,256) + ReLU) behind RRefs. Forward goes through RPC, backward
 // is distributed autograd, the update a DistributedOptimizer (SGD with momentum).
-// Started by tools/demo.sh through drpc_launch; flags also read DRPC_* variables.
+// Started by tools/demo.sh through drpc_launch. Every flag not given reads DRPC_<FLAG>
+// (DRPC_EPOCHS, DRPC_LR, ...), then torch's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+// LOCAL_RANK and Kubernetes' JOB_COMPLETION_INDEX (tools/flags/env_flags.h), as drpc_worker.
+// On a terminal it draws a progress bar; otherwise (a log) it prints a line every
+// --log_every steps.
 // --profile=FILE writes a Chrome trace (chrome://tracing, Perfetto) of the second training
 // step: every RPC of its forward pass, distributed backward, optimizer step and context
 // release, with what each worker did for it.
@@ -21,12 +25,16 @@
 #include <iostream>
 #include <memory>
 
+#include <unistd.h>
+
 #include "common/logging.h"
 #include "drpc.h"
 #include "tools/demo/fashion_mnist_data.h"
+#include "tools/flags/env_flags.h"
 
-DEFINE_int32(rank, -1, "this worker's rank (or DRPC_RANK)");
-DEFINE_int32(world_size, -1, "number of workers (or DRPC_WORLD_SIZE)");
+DEFINE_int32(rank, -1, "this worker's rank (or DRPC_RANK, RANK, JOB_COMPLETION_INDEX)");
+DEFINE_int32(world_size, -1, "number of workers (or DRPC_WORLD_SIZE, WORLD_SIZE)");
+DEFINE_int32(local_rank, -1, "this worker's rank on its machine (or LOCAL_RANK; informational)");
 DEFINE_string(master_addr, "127.0.0.1", "where rank 0 serves the store");
 DEFINE_int32(master_port, 29500, "the store's port");
 DEFINE_int32(epochs, 2, "training epochs");
@@ -36,18 +44,13 @@ DEFINE_int32(limit, 0, "use only this many training images (0: all)");
 DEFINE_int32(test_limit, 0, "use only this many test images (0: all)");
 DEFINE_string(data_dir, "/usr/share/datasets/fashion-mnist", "Debian's dataset-fashion-mnist");
 DEFINE_string(profile, "", "write a Chrome trace of one training step (the second) to this file");
+DEFINE_int32(log_every, 100, "when stdout is not a terminal: print a progress line every this many steps");
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using drpc::demo::images;
 using drpc::demo::read_idx;
-
-int env_or(int flag, const char* name) {
-  if (flag >= 0) return flag;
-  const char* v = std::getenv(name);
-  return v ? std::atoi(v) : -1;
-}
 
 at::Tensor init_weight(int64_t out, int64_t in, uint64_t seed) {
   return (at::randn({out, in}, at::detail::createCPUGenerator(seed)) * std::sqrt(2.0 / in)).set_requires_grad(true);
@@ -56,6 +59,7 @@ at::Tensor init_weight(int64_t out, int64_t in, uint64_t seed) {
 std::string worker(int r) { return "worker" + std::to_string(r); }
 
 void train(int world_size) {
+  const bool tty = isatty(STDOUT_FILENO);  // a progress bar redrawn in place only on a terminal
   if (!FLAGS_profile.empty() && !std::ofstream(FLAGS_profile)) {  // fail before training, not after
     throw drpc::Error(drpc::ErrorKind::kBadArgument, "--profile: cannot write '" + FLAGS_profile + "'");
   }
@@ -122,10 +126,16 @@ void train(int world_size) {
       }
       running = s == 0 ? l : 0.98 * running + 0.02 * l;
       total += l;
-      if (s % 10 == 0 || s == steps - 1) {
-        const int width = 30, filled = static_cast<int>(width * (s + 1) / steps);
-        std::printf("\repoch %d [%s%s] %3d%% loss %.4f", epoch, std::string(filled, '#').c_str(),
-                    std::string(width - filled, '.').c_str(), static_cast<int>(100 * (s + 1) / steps), running);
+      if (tty) {
+        if (s % 10 == 0 || s == steps - 1) {
+          const int width = 30, filled = static_cast<int>(width * (s + 1) / steps);
+          std::printf("\repoch %d [%s%s] %3d%% loss %.4f", epoch, std::string(filled, '#').c_str(),
+                      std::string(width - filled, '.').c_str(), static_cast<int>(100 * (s + 1) / steps), running);
+          std::fflush(stdout);
+        }
+      } else if ((s + 1) % FLAGS_log_every == 0 || s == steps - 1) {
+        std::printf("epoch %d step %ld/%ld loss %.4f\n", epoch, static_cast<long>(s + 1), static_cast<long>(steps),
+                    running);
         std::fflush(stdout);
       }
     }
@@ -137,7 +147,7 @@ void train(int world_size) {
       correct += logits.argmax(1).eq(test_y.narrow(0, b, m)).sum().item<int64_t>();
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    std::printf("\nepoch %d: train loss %.4f, test accuracy %.2f%% (%.1f s)\n", epoch, total / steps,
+    std::printf("%sepoch %d: train loss %.4f, test accuracy %.2f%% (%.1f s)\n", tty ? "\n" : "", epoch, total / steps,
                 100.0 * correct / test_x.size(0), seconds);
     std::fflush(stdout);
   }
@@ -155,14 +165,27 @@ DRPC_REGISTER_FUNCTION("demo.block", [](c10::IValue w, c10::IValue b, at::Tensor
 });
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  drpc::init_logging(argv[0]);
-  const int rank = env_or(FLAGS_rank, "DRPC_RANK");
-  const int world_size = env_or(FLAGS_world_size, "DRPC_WORLD_SIZE");
-  if (rank < 0 || world_size < 1) {
-    std::cerr << "fashion_mnist: give --rank and --world_size (or DRPC_RANK, DRPC_WORLD_SIZE)\n";
+  gflags::ParseCommandLineFlags(&argc, &argv, true);  // refuses malformed flags, naming them
+  try {
+    drpc::flags::from_environment();
+    if (FLAGS_rank < 0 || FLAGS_world_size < 1) {
+      std::cerr << "fashion_mnist: give --rank and --world_size (or DRPC_RANK / RANK / JOB_COMPLETION_INDEX and "
+                   "DRPC_WORLD_SIZE / WORLD_SIZE)\n";
+      return 2;
+    }
+    drpc::flags::check_range("rank", FLAGS_rank, 0, FLAGS_world_size - 1);
+    drpc::flags::check_range("master_port", FLAGS_master_port, 0, 65535);
+    drpc::flags::check_range("epochs", FLAGS_epochs, 0, 1000000);
+    drpc::flags::check_range("batch_size", FLAGS_batch_size, 1, 1 << 20);
+    drpc::flags::check_range("limit", FLAGS_limit, 0, INT32_MAX);
+    drpc::flags::check_range("test_limit", FLAGS_test_limit, 0, INT32_MAX);
+    drpc::flags::check_range("log_every", FLAGS_log_every, 1, INT32_MAX);
+  } catch (const drpc::Error& e) {
+    std::cerr << "fashion_mnist: bad setting: " << e.message() << "\n";
     return 2;
   }
+  drpc::init_logging(argv[0]);
+  const int rank = FLAGS_rank, world_size = FLAGS_world_size;
   at::set_num_threads(1);  // several workers share the machine's cores
   try {
     drpc::Options options;

@@ -1,9 +1,16 @@
-// Starts N workers of a job on this machine, like `torchrun --nproc_per_node N`:
+// Starts the workers of a job on this machine, like `torchrun --nproc_per_node N`:
 //   drpc_launch --nproc=3 [--master_port=0] -- BINARY [ARGS...]
-// Each worker gets --rank=R --world_size=N --master_addr=127.0.0.1 --master_port=P (a
-// free port when 0) and the same in DRPC_RANK, DRPC_WORLD_SIZE, ... Every line a worker
-// prints is prefixed with its rank. SIGINT/SIGTERM are forwarded; when one worker fails,
-// the others are stopped and the launcher exits with that worker's status.
+// and on several machines, like torchrun's static rendezvous, one launcher per machine:
+//   drpc_launch --nnodes=2 --node_rank=K --master_addr=HOST0 --master_port=29500 --nproc=3 -- BINARY ...
+// (the workers then need --listen / --advertise addresses the other machines can reach).
+// Worker L of node K gets rank K * nproc + L of nnodes * nproc: --rank=R --world_size=W
+// --master_addr=A --master_port=P (a free port when 0, on one node only), and the same in
+// DRPC_RANK, DRPC_WORLD_SIZE, DRPC_MASTER_ADDR, DRPC_MASTER_PORT, DRPC_LOCAL_RANK and
+// torch's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK, LOCAL_WORLD_SIZE. The
+// launcher's own flags read DRPC_<FLAG> (and MASTER_ADDR, MASTER_PORT) when not given.
+// Every line a worker prints is prefixed with its rank. SIGINT/SIGTERM are forwarded; when
+// one worker fails, the others are stopped and the launcher exits with that worker's
+// status (a worker stopped by SIGTERM exits 143).
 
 #include <gflags/gflags.h>
 #include <netinet/in.h>
@@ -15,15 +22,21 @@
 #include <atomic>
 #include <cstdio>
 #include <iostream>
+#include <stdexcept>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/error.h"
 #include "common/subprocess.h"
+#include "tools/flags/env_flags.h"
 
-DEFINE_int32(nproc, 2, "how many workers to start");
-DEFINE_int32(master_port, 0, "the store's port (0: pick a free one)");
+DEFINE_int32(nproc, 2, "how many workers to start on this machine");
+DEFINE_int32(nnodes, 1, "how many machines run a launcher for this job");
+DEFINE_int32(node_rank, 0, "this machine's index among them (rank 0's machine hosts the store)");
+DEFINE_string(master_addr, "127.0.0.1", "the address of node 0, where rank 0 serves the store");
+DEFINE_int32(master_port, 0, "the store's port (0: pick a free one; required with --nnodes > 1)");
 
 namespace {
 
@@ -69,29 +82,51 @@ void relay(int rank, int fd) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("drpc_launch --nproc=N [--master_port=P] -- BINARY [ARGS...]");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (argc < 2 || FLAGS_nproc < 1) {
-    std::cerr << "usage: drpc_launch --nproc=N [--master_port=P] -- BINARY [ARGS...]\n";
+  const char* usage =
+      "usage: drpc_launch [--nnodes=N --node_rank=K --master_addr=A] --nproc=N [--master_port=P] -- BINARY [ARGS...]";
+  gflags::SetUsageMessage(usage);
+  gflags::ParseCommandLineFlags(&argc, &argv, true);  // refuses malformed flags, naming them
+  try {
+    drpc::flags::from_environment({{"master_addr", {"MASTER_ADDR"}}, {"master_port", {"MASTER_PORT"}}});
+    drpc::flags::check_range("nproc", FLAGS_nproc, 1, 4096);
+    drpc::flags::check_range("nnodes", FLAGS_nnodes, 1, 65536);
+    drpc::flags::check_range("node_rank", FLAGS_node_rank, 0, FLAGS_nnodes - 1);
+    drpc::flags::check_range("master_port", FLAGS_master_port, FLAGS_nnodes > 1 ? 1 : 0, 65535);
+    if (FLAGS_master_addr.empty()) throw drpc::Error(drpc::ErrorKind::kBadArgument, "--master_addr is empty");
+  } catch (const drpc::Error& e) {
+    std::cerr << "drpc_launch: " << e.message()
+              << (FLAGS_nnodes > 1 && FLAGS_master_port == 0 ? " (every node must be told the store's port)" : "")
+              << "\n"
+              << usage << "\n";
+    return 2;
+  }
+  if (argc < 2) {
+    std::cerr << usage << "\n";
     return 2;
   }
   const int port = FLAGS_master_port ? FLAGS_master_port : free_port();
+  const int world_size = FLAGS_nnodes * FLAGS_nproc;
+  const std::string addr = FLAGS_master_addr, port_text = std::to_string(port), size_text = std::to_string(world_size);
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
   std::vector<std::unique_ptr<drpc::Subprocess>> workers;
   std::vector<std::thread> relays;
-  for (int r = 0; r < FLAGS_nproc; ++r) {
+  for (int local = 0; local < FLAGS_nproc; ++local) {
+    const int r = FLAGS_node_rank * FLAGS_nproc + local;
+    const std::string rank_text = std::to_string(r), local_text = std::to_string(local);
     std::vector<std::string> args(argv + 1, argv + argc);
-    args.push_back("--rank=" + std::to_string(r));
-    args.push_back("--world_size=" + std::to_string(FLAGS_nproc));
-    args.push_back("--master_addr=127.0.0.1");
-    args.push_back("--master_port=" + std::to_string(port));
+    args.push_back("--rank=" + rank_text);
+    args.push_back("--world_size=" + size_text);
+    args.push_back("--master_addr=" + addr);
+    args.push_back("--master_port=" + port_text);
     int fd = -1;
     try {
       workers.push_back(drpc::Subprocess::start_with_output(
           args,
-          {"DRPC_RANK=" + std::to_string(r), "DRPC_WORLD_SIZE=" + std::to_string(FLAGS_nproc),
-           "DRPC_MASTER_ADDR=127.0.0.1", "DRPC_MASTER_PORT=" + std::to_string(port)},
+          {"DRPC_RANK=" + rank_text, "DRPC_WORLD_SIZE=" + size_text, "DRPC_MASTER_ADDR=" + addr,
+           "DRPC_MASTER_PORT=" + port_text, "DRPC_LOCAL_RANK=" + local_text, "RANK=" + rank_text,
+           "WORLD_SIZE=" + size_text, "MASTER_ADDR=" + addr, "MASTER_PORT=" + port_text, "LOCAL_RANK=" + local_text,
+           "LOCAL_WORLD_SIZE=" + std::to_string(FLAGS_nproc)},
           &fd));
     } catch (const std::exception& e) {
       std::cerr << "drpc_launch: " << e.what() << "\n";
@@ -118,7 +153,7 @@ int main(int argc, char** argv) {
       if (*code != 0 && status == 0) {
         status = *code;
         std::lock_guard<std::mutex> lock(g_print_mu);
-        std::cout << "drpc_launch: rank " << r << " exited with status " << *code << "; stopping the others"
+        std::cout << "drpc_launch: rank " << FLAGS_node_rank * FLAGS_nproc + r << " exited with status " << *code << "; stopping the others"
                   << std::endl;
         for (size_t o = 0; o < workers.size(); ++o) {
           if (!done[o]) workers[o]->kill(SIGTERM);

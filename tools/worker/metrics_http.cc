@@ -29,13 +29,15 @@ const char* reason(int code) {
     case 400: return "Bad Request";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 500: return "Internal Server Error";
     default: return "Service Unavailable";
   }
 }
 
 class Server final : public MetricsHttpServer {
  public:
-  Server(int listen_fd, int port, Render render) : listen_fd_(listen_fd), port_(port), render_(std::move(render)) {
+  Server(int listen_fd, int port, std::map<std::string, Handler> routes)
+      : listen_fd_(listen_fd), port_(port), routes_(std::move(routes)) {
     if (pipe2(wake_, O_CLOEXEC) != 0) {
       close(listen_fd_);
       throw Error(ErrorKind::kInternal, std::string("metrics server: pipe: ") + std::strerror(errno));
@@ -130,22 +132,31 @@ class Server final : public MetricsHttpServer {
     const bool head = method == "HEAD";
     if (method != "GET" && !head) return respond(conn, 405, "only GET\n", false, deadline);
     const std::string path = target.substr(0, target.find('?'));
-    if (path != "/metrics") return respond(conn, 404, "metrics are at /metrics\n", head, deadline);
-    std::string body;
-    try {
-      body = render_();
-    } catch (const std::exception& e) {
-      return respond(conn, 503, std::string("no metrics: ") + e.what() + "\n", head, deadline);
+    auto route = routes_.find(path);
+    if (route == routes_.end()) {
+      std::string paths;
+      for (const auto& [p, h] : routes_) paths += (paths.empty() ? "" : ", ") + p;
+      return respond(conn, {404, "text/plain; charset=utf-8", "not found; this server answers " + paths + "\n"}, head,
+                     deadline);
     }
-    respond(conn, 200, body, head, deadline);
+    Response response;
+    try {
+      response = route->second();
+    } catch (const std::exception& e) {
+      response = {503, "text/plain; charset=utf-8", std::string("unavailable: ") + e.what() + "\n"};
+    }
+    respond(conn, response, head, deadline);
   }
 
   void respond(int conn, int code, const std::string& body, bool head, Clock::time_point deadline) {
-    std::string out = "HTTP/1.0 " + std::to_string(code) + " " + reason(code) + "\r\n";
-    out += code == 200 ? "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                       : "Content-Type: text/plain; charset=utf-8\r\n";
-    out += "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
-    if (!head) out += body;
+    respond(conn, {code, "text/plain; charset=utf-8", body}, head, deadline);
+  }
+
+  void respond(int conn, const Response& r, bool head, Clock::time_point deadline) {
+    std::string out = "HTTP/1.0 " + std::to_string(r.code) + " " + reason(r.code) + "\r\n";
+    out += "Content-Type: " + r.content_type + "\r\n";
+    out += "Content-Length: " + std::to_string(r.body.size()) + "\r\nConnection: close\r\n\r\n";
+    if (!head) out += r.body;
     size_t sent = 0;
     while (sent < out.size()) {
       const ssize_t n = send(conn, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
@@ -161,7 +172,7 @@ class Server final : public MetricsHttpServer {
 
   const int listen_fd_;
   const int port_;
-  const Render render_;
+  const std::map<std::string, Handler> routes_;
   int wake_[2] = {-1, -1};  // written once by stop()
   std::thread thread_;
   std::mutex stop_mu_;
@@ -171,6 +182,15 @@ class Server final : public MetricsHttpServer {
 }  // namespace
 
 std::unique_ptr<MetricsHttpServer> MetricsHttpServer::start(const std::string& host, int port, Render render) {
+  std::map<std::string, Handler> routes;
+  routes["/metrics"] = [render = std::move(render)] {
+    return Response{200, "text/plain; version=0.0.4; charset=utf-8", render()};
+  };
+  return start(host, port, std::move(routes));
+}
+
+std::unique_ptr<MetricsHttpServer> MetricsHttpServer::start(const std::string& host, int port,
+                                                            std::map<std::string, Handler> routes) {
   const std::string where = host + ":" + std::to_string(port);
   if (port < 0 || port > 65535) throw Error(ErrorKind::kBadArgument, "metrics port " + std::to_string(port) + " is out of range");
   addrinfo hints{};
@@ -203,7 +223,7 @@ std::unique_ptr<MetricsHttpServer> MetricsHttpServer::start(const std::string& h
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
   const int actual = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  return std::make_unique<Server>(fd, actual, std::move(render));
+  return std::make_unique<Server>(fd, actual, std::move(routes));
 }
 
 }  // namespace drpc
