@@ -50,7 +50,8 @@ std::string number(double v) {
 
 LatencySummary summarize(const LatencyHistogram& h) {
   LatencySummary s;
-  s.count = h.count();
+  s.buckets = h.cumulative(latency_bucket_bounds());
+  s.count = s.buckets.back();  // = the +Inf bucket, even with records landing meanwhile
   s.sum_seconds = h.sum_seconds();
   s.p50 = h.quantile(0.5);
   s.p90 = h.quantile(0.9);
@@ -126,6 +127,32 @@ double LatencyHistogram::quantile(double q) const {
     }
   }
   return 0;  // unreachable: seen reaches total >= rank
+}
+
+std::vector<int64_t> LatencyHistogram::cumulative(const std::vector<double>& bounds_seconds) const {
+  std::vector<int64_t> out(bounds_seconds.size() + 1, 0);
+  size_t b = 0;
+  int64_t seen = 0;
+  for (int i = 0; i < kBuckets; ++i) {
+    const int64_t n = buckets_[i].load(kRelaxed);
+    if (n == 0) continue;
+    const double lower = static_cast<double>(bucket_lower(i));
+    const double upper = i + 1 < kBuckets ? static_cast<double>(bucket_lower(i + 1)) : std::ldexp(1.0, 64);
+    const double middle_seconds = (lower + upper) / 2 * 1e-9;
+    // Bounds below this bucket's middle are complete.
+    while (b < bounds_seconds.size() && bounds_seconds[b] < middle_seconds) out[b++] = seen;
+    seen += n;
+  }
+  while (b < bounds_seconds.size()) out[b++] = seen;
+  out.back() = seen;
+  return out;
+}
+
+const std::vector<double>& latency_bucket_bounds() {
+  static const auto* bounds = new std::vector<double>{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                      0.01,    0.025,  0.05,    0.1,    0.25,  0.5,    1,
+                                                      2.5,     5,      10,      30,     60};
+  return *bounds;
 }
 
 // --- MetricsSnapshot ----------------------------------------------------------------------
@@ -327,13 +354,17 @@ std::string to_prometheus_text(const MetricsSnapshot& s) {
   header("drpc_rpc_handler_queue_length", "gauge", "Tasks waiting for a handler thread.");
   out << "drpc_rpc_handler_queue_length{" << worker << "} " << s.handler_queue << '\n';
 
+  // Histograms with the same buckets on every worker: Prometheus adds them up across
+  // workers (histogram_quantile over sum by (le)), which quantiles could not be.
   auto summary = [&](const char* name, const char* help, const std::map<std::string, LatencySummary>& m) {
-    header(name, "summary", help);
+    header(name, "histogram", help);
+    const auto& bounds = latency_bucket_bounds();
     for (const auto& [fn, l] : m) {
       const std::string labels = worker + ",function=\"" + escape_label(fn) + "\"";
-      out << name << '{' << labels << ",quantile=\"0.5\"} " << number(l.p50) << '\n';
-      out << name << '{' << labels << ",quantile=\"0.9\"} " << number(l.p90) << '\n';
-      out << name << '{' << labels << ",quantile=\"0.99\"} " << number(l.p99) << '\n';
+      for (size_t b = 0; b < bounds.size() && b < l.buckets.size(); ++b) {
+        out << name << "_bucket{" << labels << ",le=\"" << number(bounds[b]) << "\"} " << l.buckets[b] << '\n';
+      }
+      out << name << "_bucket{" << labels << ",le=\"+Inf\"} " << l.count << '\n';
       out << name << "_sum{" << labels << "} " << number(l.sum_seconds) << '\n';
       out << name << "_count{" << labels << "} " << l.count << '\n';
     }

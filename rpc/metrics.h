@@ -27,6 +27,10 @@ class LatencyHistogram {
   double sum_seconds() const { return sum_ns_.load(std::memory_order_relaxed) * 1e-9; }
   // The q-quantile (0 < q <= 1) in seconds: the middle of the bucket holding it; 0 if empty.
   double quantile(double q) const;
+  // For each bound (seconds, ascending), how many durations were at most that long, and
+  // (last) how many in all: a Prometheus histogram's cumulative buckets. A fine bucket
+  // counts below a bound when its middle does, so a bound is placed within 6.25%.
+  std::vector<int64_t> cumulative(const std::vector<double>& bounds_seconds) const;
 
   static constexpr int kSubBits = 3;
   static constexpr int kBuckets = (64 - kSubBits + 1) << kSubBits;
@@ -39,10 +43,16 @@ class LatencyHistogram {
   std::atomic<int64_t> sum_ns_{0};
 };
 
+// The bounds (seconds) of the histograms drpc exports: the same on every worker, so that
+// Prometheus can add workers' buckets up.
+const std::vector<double>& latency_bucket_bounds();
+
 struct LatencySummary {
   int64_t count = 0;
   double sum_seconds = 0;
   double p50 = 0, p90 = 0, p99 = 0;  // seconds
+  // Cumulative counts for latency_bucket_bounds(), then (last) the count of all.
+  std::vector<int64_t> buckets;
 };
 
 // One worker's metrics at one moment (see Metrics::snapshot and drpc::get_metrics).

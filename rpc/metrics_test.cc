@@ -99,6 +99,24 @@ TEST(Metrics, FunctionNamesAreBounded) {
   EXPECT_EQ((s.calls_received[{"other", "w1"}]), 50);
 }
 
+TEST(Metrics, HistogramBucketsAreCumulativeAndPlacedWithinTheirWidth) {
+  LatencyHistogram h;
+  for (int i = 1; i <= 100; ++i) h.record(std::chrono::microseconds(100 * i));  // 0.1 .. 10 ms
+  const std::vector<double> bounds = {0.0005, 0.001, 0.005, 0.01, 1};
+  const std::vector<int64_t> c = h.cumulative(bounds);
+  ASSERT_EQ(c.size(), bounds.size() + 1);
+  // Exactly 5, 10, 50, 100, 100 are at most 0.5, 1, 5, 10 ms, 1 s; a bound may land within
+  // its fine bucket (6.25%): off by the values within that distance of it.
+  EXPECT_NEAR(c[0], 5, 1);
+  EXPECT_NEAR(c[1], 10, 1);
+  EXPECT_NEAR(c[2], 50, 4);
+  EXPECT_NEAR(c[3], 100, 7);
+  EXPECT_EQ(c[4], 100);
+  EXPECT_EQ(c[5], 100);
+  for (size_t i = 1; i < c.size(); ++i) EXPECT_LE(c[i - 1], c[i]);
+  EXPECT_EQ(LatencyHistogram().cumulative(bounds), std::vector<int64_t>(bounds.size() + 1, 0));
+}
+
 TEST(Metrics, LabelsDropRRefIdsAndStayShort) {
   EXPECT_EQ(function_label("aten::add"), "aten::add");
   EXPECT_EQ(function_label("to_here of RRef 1:25"), "to_here of RRef");
@@ -125,8 +143,13 @@ TEST(Metrics, PrometheusTextHasEveryFamilyAndEscapesLabels) {
            "drpc_rpc_bytes_sent_total{worker=\"w\\\"0\",peer=\"w1\"} 0\n",
            "drpc_rpc_in_flight{worker=\"w\\\"0\",direction=\"sent\"} 0\n",
            "drpc_rpc_handler_queue_length{worker=\"w\\\"0\"} 0\n",
-           "# TYPE drpc_rpc_latency_seconds summary\n",
+           "# TYPE drpc_rpc_latency_seconds histogram\n",
+           "drpc_rpc_latency_seconds_bucket{worker=\"w\\\"0\",function=\"a\\\\b\",le=\"0.0025\"} 0\n",
+           "drpc_rpc_latency_seconds_bucket{worker=\"w\\\"0\",function=\"a\\\\b\",le=\"0.005\"} 1\n",
+           "drpc_rpc_latency_seconds_bucket{worker=\"w\\\"0\",function=\"a\\\\b\",le=\"+Inf\"} 1\n",
            "drpc_rpc_latency_seconds_count{worker=\"w\\\"0\",function=\"a\\\\b\"} 1\n",
+           "drpc_peer_up{worker=\"w\\\"0\",peer=\"w1\"} 1\n",
+           "# TYPE drpc_build_info gauge\n",
            "drpc_rref_owners{worker=\"w\\\"0\"} 3\n",
            "drpc_autograd_contexts{worker=\"w\\\"0\"} 2\n",
        }) {
