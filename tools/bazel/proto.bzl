@@ -15,10 +15,17 @@ def cc_proto(name, src, grpc = False, deps = [], visibility = None):
     if grpc:
         outs += [base + ".grpc.pb.h", base + ".grpc.pb.cc"]
     pkg = native.package_name()
-    cmd = "protoc --proto_path=. --cpp_out=$(GENDIR) "
+
+    # Paths are relative to the repository's root: "." when drpc is the main repository,
+    # external/drpc (its generated files under $(GENDIR)/external/drpc) when another
+    # workspace depends on it.
+    repo = native.repository_name().lstrip("@")
+    root = "external/" + repo if repo else "."
+    out = "$(GENDIR)/" + root if repo else "$(GENDIR)"
+    cmd = "protoc --proto_path=" + root + " --cpp_out=" + out + " "
     if grpc:
-        cmd += "--grpc_out=$(GENDIR) --plugin=protoc-gen-grpc=$$(which grpc_cpp_plugin) "
-    cmd += (pkg + "/" if pkg else "") + src
+        cmd += "--grpc_out=" + out + " --plugin=protoc-gen-grpc=$$(which grpc_cpp_plugin) "
+    cmd += (root + "/" if repo else "") + (pkg + "/" if pkg else "") + src
     native.genrule(
         name = name + "_gen",
         srcs = [src] + [d + "_srcs" for d in deps],
