@@ -4,6 +4,7 @@
 // RRef, computes gradients locally and sends them back asynchronously. The server
 // applies each update as it arrives (no barrier between trainers).
 //   drpc_launch --nproc=3 -- parameter_server [--epochs=1] [--limit=N]
+// Flags not given read DRPC_<FLAG>, then torch's and Kubernetes' names (tools/flags).
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
@@ -16,6 +17,7 @@
 
 #include "drpc.h"
 #include "tools/demo/fashion_mnist_data.h"
+#include "tools/flags/env_flags.h"
 
 DEFINE_int32(rank, -1, "this worker's rank");
 DEFINE_int32(world_size, -1, "workers: one server and the trainers");
@@ -105,6 +107,16 @@ void train(int rank, int world_size) {
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  try {
+    drpc::flags::from_environment();
+    if (FLAGS_rank >= 0 && FLAGS_world_size >= 2) {
+      drpc::flags::check_range("rank", FLAGS_rank, 0, FLAGS_world_size - 1);
+      drpc::flags::check_range("batch_size", FLAGS_batch_size, 1, 1 << 20);
+    }
+  } catch (const drpc::Error& e) {
+    std::fprintf(stderr, "parameter_server: bad setting: %s\n", e.message().c_str());
+    return 2;
+  }
   google::InitGoogleLogging(argv[0]);
   if (FLAGS_rank < 0 || FLAGS_world_size < 2) {
     std::fprintf(stderr, "parameter_server: --rank and --world_size >= 2 are required\n");
