@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -192,13 +193,13 @@ google::protobuf::Struct peer_of(const google::protobuf::Struct& state, const st
 }
 
 TEST(ObservabilityProcesses, HealthzAndStateFollowTheJobOverHttp) {
-  // This test hosts the store and is rank 0; drpc_worker processes are ranks 1 and 2.
+  // This test hosts the store and is rank 0; drpc_worker processes are ranks 1 to 3.
   auto store = start_store_server("127.0.0.1", 0);
   const std::string master = "DRPC_MASTER_PORT=" + std::to_string(store->port());
   int fd = -1;
   std::unique_ptr<Output> reader;  // declared first: the workers are killed before it is joined
   auto worker1 = Subprocess::start_with_output(
-      {testing::runfile("tools/worker/drpc_worker"), "--rank=1", "--world_size=3", "--metrics_port=0"},
+      {testing::runfile("tools/worker/drpc_worker"), "--rank=1", "--world_size=4", "--metrics_port=0"},
       {master, "GLOG_minloglevel=2"}, &fd);
   reader = std::make_unique<Output>(fd);
   const std::string port_text =
@@ -207,7 +208,7 @@ TEST(ObservabilityProcesses, HealthzAndStateFollowTheJobOverHttp) {
   ASSERT_FALSE(port_text.empty()) << "no metrics address announced";
   const int port = std::stoi(port_text);
 
-  // Joining: ranks 0 and 2 are not there yet.
+  // Joining: ranks 0, 2 and 3 are not there yet.
   std::string r = testing::http_get(port, "/healthz");
   EXPECT_EQ(r.rfind("HTTP/1.0 503 ", 0), 0u) << r;
   EXPECT_TRUE(contains(r, "joining the job")) << r;
@@ -217,13 +218,15 @@ TEST(ObservabilityProcesses, HealthzAndStateFollowTheJobOverHttp) {
   EXPECT_EQ(parse_json(body_of(r)).fields().at("state").string_value(), "joining");
   EXPECT_EQ(testing::http_get(port, "/metrics").rfind("HTTP/1.0 503 ", 0), 0u);
 
-  auto worker2 = Subprocess::start({testing::runfile("tools/worker/drpc_worker"), "--rank=2", "--world_size=3"},
+  auto worker2 = Subprocess::start({testing::runfile("tools/worker/drpc_worker"), "--rank=2", "--world_size=4"},
+                                   {master, "GLOG_minloglevel=2"});
+  auto worker3 = Subprocess::start({testing::runfile("tools/worker/drpc_worker"), "--rank=3", "--world_size=4"},
                                    {master, "GLOG_minloglevel=2"});
   Options options;
   options.master_port = store->port();
   options.host_store = false;
   options.init_timeout = std::chrono::seconds(20);
-  auto me = Runtime::create("worker0", 0, 3, options);
+  auto me = Runtime::create("worker0", 0, 4, options);
   const at::Tensor x = at::ones({4});
   EXPECT_TRUE(at::equal(me->rpc_sync("worker1", "aten::neg", {x}).toTensor(), -x));
   EXPECT_TRUE(at::equal(me->rpc_sync("worker2", "aten::neg", {x}).toTensor(), -x));
@@ -237,7 +240,7 @@ TEST(ObservabilityProcesses, HealthzAndStateFollowTheJobOverHttp) {
     EXPECT_EQ(state.fields().at("worker").string_value(), "worker1");
     EXPECT_EQ(state.fields().at("state").string_value(), "serving");
     EXPECT_TRUE(state.fields().at("healthy").bool_value());
-    EXPECT_EQ(state.fields().at("peers").list_value().values_size(), 2);
+    EXPECT_EQ(state.fields().at("peers").list_value().values_size(), 3);
     const auto w0 = peer_of(state, "worker0");
     EXPECT_EQ(w0.fields().at("state").string_value(), "alive");
     EXPECT_GE(w0.fields().at("last_heard_seconds_ago").number_value(), 0);  // a number: it called
@@ -251,12 +254,27 @@ TEST(ObservabilityProcesses, HealthzAndStateFollowTheJobOverHttp) {
   EXPECT_TRUE(contains(metrics, "drpc_peer_up{worker=\"worker1\",peer=\"worker2\"} 1\n")) << metrics;
   EXPECT_TRUE(contains(metrics, "drpc_build_info{worker=\"worker1\",version=\"")) << metrics;
 
-  // A peer killed: worker1 is no longer healthy and names it; the others stay alive.
+  // A peer stopped by SIGTERM leaves the job (exit 143): worker1 is no longer healthy.
+  worker3->kill(SIGTERM);
+  ASSERT_EQ(worker3->wait(std::chrono::seconds(30)), std::optional<int>(143));
+  r = poll_until(port, "/healthz", "HTTP/1.0 503 ");
+  EXPECT_TRUE(contains(body_of(r), "peer gone: worker3 (")) << r;
+  {
+    const auto state = parse_json(body_of(testing::http_get(port, "/state")));
+    // It said goodbye: "left", not "failed", yet gone.
+    EXPECT_EQ(peer_of(state, "worker3").fields().at("state").string_value(), "left");
+  }
+
+  // A peer killed: worker1 names it too; the others stay alive.
   worker2->kill(SIGKILL);
   ASSERT_TRUE(worker2->wait(std::chrono::seconds(10)).has_value());
-  r = poll_until(port, "/healthz", "HTTP/1.0 503 ");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  do {
+    r = testing::http_get(port, "/healthz");
+  } while (!contains(r, "worker2 (") && std::chrono::steady_clock::now() < deadline &&
+           (std::this_thread::sleep_for(std::chrono::milliseconds(100)), true));
   EXPECT_EQ(r.rfind("HTTP/1.0 503 Service Unavailable\r\n", 0), 0u) << r;
-  EXPECT_TRUE(contains(body_of(r), "peer failed: worker2 (")) << r;
+  EXPECT_TRUE(contains(body_of(r), "worker2 (")) << r;
   {
     const auto state = parse_json(body_of(testing::http_get(port, "/state")));
     EXPECT_FALSE(state.fields().at("healthy").bool_value());
@@ -283,7 +301,7 @@ TEST(ObservabilityProcesses, HealthzAndStateFollowTheJobOverHttp) {
   fut->wait();
   EXPECT_FALSE(fut->hasError());
 
-  me->shutdown(true);  // worker2 is known to have failed: not waited for
+  me->shutdown(true);  // workers 2 and 3 are known to be gone: not waited for
   auto code = worker1->wait(std::chrono::seconds(60));
   ASSERT_TRUE(code.has_value());
   EXPECT_EQ(*code, 0);

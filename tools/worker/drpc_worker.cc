@@ -57,7 +57,7 @@ DEFINE_int32(heartbeat_ms, 1000, "heartbeat interval (0: off)");
 DEFINE_int32(heartbeat_misses, 10, "missed heartbeats after which a peer is declared failed");
 DEFINE_int32(metrics_port, -1, "serve Prometheus metrics on this port (0: any free one; -1: off)");
 DEFINE_string(metrics_host, "127.0.0.1", "the address the metrics endpoint listens on");
-DEFINE_int32(tolerate_failed_peers, 0, "/healthz stays 200 with up to this many failed peers");
+DEFINE_int32(tolerate_failed_peers, 0, "/healthz stays 200 with up to this many peers gone (failed or stopped)");
 // --log_dir is glog's own flag (logs go there instead of /tmp); DRPC_LOG_DIR works too.
 
 // The exit status after SIGTERM, as a shell reports a process the signal killed.
@@ -102,11 +102,14 @@ std::string json_number(double v) {
   return buf;
 }
 
-// The peers that failed (not those that shut down): "worker2 (reason)", ...
+// The peers that are gone: "worker2 (reason)", ... Those that said goodbye count too: a
+// worker serves inside its graceful shutdown, which ends only once the whole job is done,
+// so a peer leaves before that only when it was stopped (SIGTERM, a preemption) or failed
+// its own way; at the very end of a job peers leave moments before this worker exits.
 std::vector<std::string> failed_peers(const drpc::MetricsSnapshot& s) {
   std::vector<std::string> failed;
   for (const auto& p : s.peers) {
-    if (!p.alive && !p.left) failed.push_back(p.name + " (" + p.reason + ")");
+    if (!p.alive) failed.push_back(p.name + " (" + p.reason + ")");
   }
   return failed;
 }
@@ -120,16 +123,15 @@ std::map<std::string, drpc::MetricsHttpServer::Handler> routes(const std::string
     if (g_phase != Phase::kServing) return Response{503, "text/plain; charset=utf-8", "not serving: still joining or leaving the job\n"};
     return Response{200, "text/plain; version=0.0.4; charset=utf-8", drpc::to_prometheus_text(drpc::get_metrics())};
   };
-  // 200 once joined; 503 while joining, while leaving, or once a peer has failed (a job
-  // that lost a worker cannot be made whole again: drpc admits no replacement). Peers that
-  // shut down in order are no failure.
+  // 200 once joined; 503 while joining, while leaving, or once a peer is gone (a job that
+  // lost a worker cannot be made whole again: drpc admits no replacement).
   r["/healthz"] = [] {
     const Phase phase = g_phase;
     if (phase == Phase::kJoining) return Response{503, "text/plain; charset=utf-8", "joining the job\n"};
     if (phase != Phase::kServing) return Response{503, "text/plain; charset=utf-8", "leaving the job\n"};
     const auto failed = failed_peers(drpc::get_metrics());
     if (failed.size() > static_cast<size_t>(FLAGS_tolerate_failed_peers)) {
-      std::string body = "peer failed:";
+      std::string body = "peer gone:";
       for (const auto& f : failed) body += " " + f;
       return Response{503, "text/plain; charset=utf-8", body + "\n"};
     }
