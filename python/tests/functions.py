@@ -29,6 +29,11 @@ def fail(message):
     raise ValueError(message)
 
 
+@drpc.function("test.reject")
+def reject(t, s):
+    raise ValueError(f"rejected {s}")
+
+
 @drpc.function("test.bad_argument")
 def bad_argument():
     raise drpc.BadArgumentError("refused on purpose")
