@@ -106,6 +106,15 @@ class PyObjectValue final : public c10::ivalue::PyObjectHolder {
 
 struct RRefHandle {
   RRef rref;
+  // Dropping the last reference tells the RRef context (under its lock), whose other
+  // threads may meanwhile free owner values holding Python objects and so wait for the
+  // GIL: let go of it first.
+  ~RRefHandle() {
+    if (rref.defined() && Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      rref = RRef();
+    }
+  }
 };
 
 [[noreturn]] void not_codable(py::handle obj, const std::string& path) {

@@ -19,6 +19,11 @@ def echo(*args, **kwargs):
     return [list(args), kwargs]
 
 
+@drpc.function
+def bare(n):
+    return n + 1
+
+
 @drpc.function("test.whoami")
 def whoami():
     return drpc.get_worker_info().name

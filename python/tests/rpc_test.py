@@ -35,6 +35,11 @@ class Calls(unittest.TestCase):
         self.assertTrue(torch.equal(drpc.rpc_sync("worker1", functions.scale, args=(x, 3)), x * 3))
         self.assertEqual(drpc.rpc_sync("worker2", functions.whoami), "worker2")
 
+    def test_a_function_registered_without_a_name_goes_by_its_qualified_name(self):
+        self.assertEqual(functions.bare._drpc_name, "functions.bare")
+        self.assertEqual(drpc.rpc_sync("worker1", functions.bare, args=(2,)), 3)
+        self.assertEqual(drpc.rpc_sync("worker1", "functions.bare", args=(5,)), 6)
+
     def test_workers_by_name_info_or_rank(self):
         info = drpc.get_worker_info("worker2")
         self.assertEqual(info.name, "worker2")
@@ -152,6 +157,17 @@ class Errors(unittest.TestCase):
             drpc.rpc_async("worker2", functions.sleep, args=(5.0,), timeout=0.3).wait()
         self.assertIsInstance(drpc.TimeoutError("x"), TimeoutError)  # the builtin, too
         self.assertEqual(drpc.rpc_sync("worker2", functions.sleep, args=(0.01,), timeout=10), 0.01)
+
+    def test_the_default_timeout_changes_at_run_time(self):
+        default = drpc._get_rpc_timeout()
+        self.assertEqual(default, 60.0)
+        drpc._set_rpc_timeout(0.3)
+        try:
+            with self.assertRaises(drpc.TimeoutError):
+                drpc.rpc_sync("worker1", functions.sleep, args=(5.0,))
+        finally:
+            drpc._set_rpc_timeout(default)
+        self.assertEqual(drpc.rpc_sync("worker1", functions.sleep, args=(0.01,)), 0.01)
 
     def test_zz_a_killed_peer_fails_pending_and_later_calls(self):
         self.assertEqual(drpc.rpc_sync("victim", functions.whoami), "victim")
