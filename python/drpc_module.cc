@@ -13,6 +13,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -328,15 +329,31 @@ void reset_without_gil(std::unique_ptr<T>& object) {
   }
 }
 
+// Counts shutdowns. A Context or DistributedOptimizer refers to the runtime it was made
+// on, which shutdown destroys; Python objects easily outlive it, so one made before the
+// latest shutdown is abandoned (leaked, small) rather than destroyed.
+std::atomic<int64_t> shutdowns{0};
+
+template <typename T>
+void drop(std::unique_ptr<T>& object, int64_t generation) {
+  if (generation != shutdowns.load()) {
+    (void)object.release();
+  } else {
+    reset_without_gil(object);
+  }
+}
+
 struct ContextHandle {
   std::unique_ptr<dist_autograd::Context> context;
   int64_t id = -1;
-  ~ContextHandle() { reset_without_gil(context); }
+  int64_t generation = shutdowns.load();
+  ~ContextHandle() { drop(context, generation); }
 };
 
 struct OptimizerHandle {
   std::unique_ptr<DistributedOptimizer> optimizer;
-  ~OptimizerHandle() { reset_without_gil(optimizer); }
+  int64_t generation = shutdowns.load();
+  ~OptimizerHandle() { drop(optimizer, generation); }
 };
 
 }  // namespace
@@ -412,6 +429,7 @@ PYBIND11_MODULE(_drpc, m) {
   m.def(
       "shutdown",
       [](bool graceful, double timeout) {
+        ++shutdowns;  // first: what is dropped while it runs must not reach the runtime either
         py::gil_scoped_release nogil;
         shutdown(graceful, to_timeout(timeout < 0 ? 0 : timeout));
       },
@@ -535,7 +553,7 @@ PYBIND11_MODULE(_drpc, m) {
         return c;
       }))
       .def_readonly("id", &ContextHandle::id)
-      .def("close", [](ContextHandle& c) { reset_without_gil(c.context); });
+      .def("close", [](ContextHandle& c) { drop(c.context, c.generation); });
 
   m.def(
       "backward",
@@ -578,8 +596,9 @@ PYBIND11_MODULE(_drpc, m) {
       }))
       .def("step", [](OptimizerHandle& o, int64_t context_id) {
         if (!o.optimizer) throw Error(ErrorKind::kShutdown, "the optimizer was closed");
+        if (o.generation != shutdowns.load()) throw Error(ErrorKind::kShutdown, "drpc was shut down");
         py::gil_scoped_release nogil;
         o.optimizer->step(context_id);
       })
-      .def("close", [](OptimizerHandle& o) { reset_without_gil(o.optimizer); });
+      .def("close", [](OptimizerHandle& o) { drop(o.optimizer, o.generation); });
 }

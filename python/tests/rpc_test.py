@@ -15,6 +15,7 @@ import functions  # noqa: E402
 import job  # noqa: E402
 
 JOB = None
+KEPT_PAST_SHUTDOWN = []
 
 
 def setUpModule():
@@ -285,6 +286,8 @@ class Autograd(unittest.TestCase):
             self.assertTrue(torch.allclose((b - a).abs(), torch.full_like(a, 0.01), atol=1e-4))
         with self.assertRaisesRegex(TypeError, "not supported"):
             drpc.optim.DistributedOptimizer(torch.optim.RMSprop, [], lr=0.1)
+        # Python objects outlive the runtime easily: this one goes after the final shutdown.
+        KEPT_PAST_SHUTDOWN.append(opt)
 
     def test_a_second_context_on_a_thread_is_refused(self):
         with drpc.dist_autograd.context() as first:
