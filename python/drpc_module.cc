@@ -281,32 +281,69 @@ void complete_later(const FuturePtr& future, py::object target) {
   });
 }
 
-// Runs a registered Python function on a handler thread.
-c10::IValue call_python(const std::string& name, const SharedObject& fn, CallArgs& call) {
+// The drpc::Error for an exception a registered Python function raised (GIL held). A
+// drpc error keeps its kind; anything else is a kRemote error worded as the function
+// registry words C++ ones, "<fn> raised on <worker>: <Type>: <message>", which the
+// caller's RemoteError parses.
+Error python_function_error(const std::string& name, const std::string& where, py::error_already_set& e) {
+  const auto& types = error_types();
+  if (types.base && e.matches(types.base)) {
+    const std::string kind = py::str(e.value().attr("kind"));
+    for (int k = 0; k <= static_cast<int>(ErrorKind::kInternal); ++k) {
+      if (kind == error_kind_name(static_cast<ErrorKind>(k))) {
+        return Error(static_cast<ErrorKind>(k), py::str(e.value()).cast<std::string>());
+      }
+    }
+  }
+  const std::string type = py::str(e.type().attr("__name__"));
+  const std::string message = py::str(e.value());
+  return Error(ErrorKind::kRemote, name + " raised on " + where + ": " + type + ": " + message);
+}
+
+PyObject* torch_future_type() {
+  static PyObject* type = py::object(py::module::import("torch").attr("_C").attr("Future")).release().ptr();  // leaked
+  return type;
+}
+
+// Runs a registered Python function on a handler thread. A function that returns a
+// torch.futures.Future (as torch's @async_execution ones do) is answered when that
+// completes, and frees the handler thread meanwhile.
+FuturePtr call_python(const std::string& name, const SharedObject& fn, CallArgs& call) {
   if (!Py_IsInitialized()) throw Error(ErrorKind::kShutdown, "the Python interpreter has exited");
+  const std::string where = get_worker_info().name;
   py::gil_scoped_acquire gil;
+  auto out = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
   try {
     py::tuple args(call.args.size());
     for (size_t i = 0; i < call.args.size(); ++i) args[i] = to_python(call.args[i]);
     py::dict kwargs;
     for (const auto& kv : call.kwargs) kwargs[py::str(kv.first)] = to_python(kv.second);
     py::object result = fn->get()(*args, **kwargs);
-    return to_ivalue(result, name + ": the result", /*allow_objects=*/true);
-  } catch (py::error_already_set& e) {
-    // A drpc error raised in Python keeps its kind; anything else is the remote error,
-    // "Type: message", which the caller's RemoteError parses.
-    const auto& types = error_types();
-    if (types.base && e.matches(types.base)) {
-      const std::string kind = py::str(e.value().attr("kind"));
-      for (int k = 0; k <= static_cast<int>(ErrorKind::kInternal); ++k) {
-        if (kind == error_kind_name(static_cast<ErrorKind>(k))) {
-          throw Error(static_cast<ErrorKind>(k), py::str(e.value()).cast<std::string>());
-        }
-      }
+    if (!py::isinstance(result, py::handle(torch_future_type()))) {
+      out->markCompleted(to_ivalue(result, name + ": the result", /*allow_objects=*/true));
+      return out;
     }
-    const std::string type = py::str(e.type().attr("__name__"));
-    const std::string message = py::str(e.value());
-    throw std::runtime_error(type + ": " + message);
+    result.attr("add_done_callback")(py::cpp_function([name, where, out](py::object done) {
+      c10::IValue value;
+      std::exception_ptr error;
+      try {
+        value = to_ivalue(done.attr("value")(), name + ": the result", /*allow_objects=*/true);
+      } catch (py::error_already_set& e) {
+        error = std::make_exception_ptr(python_function_error(name, where, e));
+      } catch (const std::exception& e) {  // a result that cannot be converted
+        error = std::make_exception_ptr(Error(ErrorKind::kRemote, name + " raised on " + where + ": " + e.what()));
+      }
+      // Completing sends the reply: no GIL needed, and none held while the network works.
+      py::gil_scoped_release nogil;
+      if (error) {
+        out->setError(error);
+      } else {
+        out->markCompleted(std::move(value));
+      }
+    }));
+    return out;
+  } catch (py::error_already_set& e) {
+    throw python_function_error(name, where, e);
   }
 }
 
@@ -479,7 +516,8 @@ PYBIND11_MODULE(_drpc, m) {
 
   m.def("register_function", [](const std::string& name, py::object fn) {
     auto held = std::make_shared<GilObject>(std::move(fn));
-    FunctionRegistry::process_wide().add(name, [name, held](CallArgs& call) { return call_python(name, held, call); });
+    FunctionRegistry::process_wide().add_async(name,
+                                               [name, held](CallArgs& call) { return call_python(name, held, call); });
   });
 
   py::class_<RRefHandle>(m, "RRef")

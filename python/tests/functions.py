@@ -73,6 +73,12 @@ def relay(to, fn, args):
     return drpc.rpc_sync(to, fn, args=tuple(args))
 
 
+@drpc.function("test.async_relay")
+def async_relay(to, fn, args):
+    """Answers when the nested call's future does, without holding a handler thread."""
+    return drpc.rpc_async(to, fn, args=tuple(args)).then(lambda f: [f.value(), "then"])
+
+
 @drpc.function("test.returns_object")
 def returns_object():
     return threading.Lock()

@@ -94,6 +94,25 @@ class Calls(unittest.TestCase):
         # Back into this process, whose main thread waits meanwhile without the GIL.
         self.assertEqual(drpc.rpc_sync("worker1", functions.relay, args=("worker0", "test.whoami", [])), "worker0")
 
+    def test_a_function_returning_a_future_is_answered_when_it_completes(self):
+        x = torch.ones(2)
+        value, tag = drpc.rpc_sync("worker1", functions.async_relay, args=("worker2", "test.scale", [x, 3.0]))
+        self.assertTrue(torch.equal(value, x * 3))
+        self.assertEqual(tag, "then")
+        with self.assertRaises(drpc.RemoteError) as caught:
+            drpc.rpc_sync("worker1", functions.async_relay, args=("worker2", "test.fail", ["async"]))
+        self.assertEqual(caught.exception.remote_type, "ValueError")
+        self.assertEqual(caught.exception.remote_message, "async")
+
+    def test_many_python_threads_call_at_once(self):
+        from concurrent.futures import ThreadPoolExecutor
+        x = torch.arange(3.0)
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda i: drpc.rpc_sync(f"worker{1 + i % 2}", functions.scale, args=(x, float(i))),
+                                    range(64)))
+        for i, r in enumerate(results):
+            self.assertTrue(torch.equal(r, x * i))
+
     def test_calls_to_oneself(self):
         self.assertEqual(drpc.rpc_sync("worker0", functions.whoami), "worker0")
         self.assertTrue(torch.equal(drpc.rpc_async("worker0", torch.neg, args=(torch.ones(1),)).wait(), -torch.ones(1)))

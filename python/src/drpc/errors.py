@@ -20,11 +20,13 @@ class PeerUnavailableError(Error, ConnectionError):
 
 class RemoteError(Error):
     """A remote function raised. `remote_type` and `remote_message` are what it raised
-    ("ValueError", "bad input") when the text says so; str() is the whole remote text."""
+    ("ValueError", "bad input") when the text says so, at the innermost of nested calls
+    (the original error); str() is the whole remote text."""
 
     kind = "Remote"
-    # "<fn> raised on <worker>: <Type>: <message>", as the function registry words it.
-    _PATTERN = re.compile(r"raised on [^:\s]+: ([A-Za-z_][\w.]*): (.*)", re.S)
+    # "<fn> raised on <worker>: <Type>: <message>", as the function registry words it; the
+    # last such, and without the "At:" traceback torch's future callbacks append.
+    _PATTERN = re.compile(r".*raised on [^:\s]+: ([A-Za-z_][\w.]*): (.*?)(?:\n\nAt:\n.*)?$", re.S)
 
     def __init__(self, message=""):
         super().__init__(message)
