@@ -267,7 +267,7 @@ class Autograd(unittest.TestCase):
         w2, b2 = l2.rpc_sync().parameters()
         x = torch.randn(5, 4, requires_grad=True)
         params = l1.rpc_sync().parameter_rrefs() + l2.rpc_sync().parameter_rrefs()
-        opt = drpc.optim.DistributedOptimizer(torch.optim.SGD, params, lr=0.1)
+        opt = drpc.optim.DistributedOptimizer(torch.optim.SGD, params, 0.1, dampening=0)  # torch's positions
 
         with drpc.dist_autograd.context() as context_id:
             h = l1.rpc_sync().forward(x)
@@ -305,6 +305,11 @@ class Autograd(unittest.TestCase):
             self.assertTrue(torch.allclose((b - a).abs(), torch.full_like(a, 0.01), atol=1e-4))
         with self.assertRaisesRegex(TypeError, "not supported"):
             drpc.optim.DistributedOptimizer(torch.optim.RMSprop, [], lr=0.1)
+        # torch's other arguments only where they change nothing.
+        with self.assertRaisesRegex(TypeError, "nesterov=True is not supported"):
+            drpc.optim.DistributedOptimizer(torch.optim.SGD, [], lr=0.1, momentum=0.9, nesterov=True)
+        with self.assertRaisesRegex(TypeError, "lr is required"):
+            drpc.optim.DistributedOptimizer(torch.optim.SGD, [])
         # Python objects outlive the runtime easily: this one goes after the final shutdown.
         KEPT_PAST_SHUTDOWN.append(opt)
 
