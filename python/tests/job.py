@@ -83,16 +83,22 @@ def main():
     result = unittest.main(exit=False, testRunner=runner).result
     bad = {t.id(): ("failure", text) for t, text in result.failures}
     bad.update({t.id(): ("error", text) for t, text in result.errors})
+    skipped = {t.id(): reason for t, reason in result.skipped}
     xml_path = os.environ.get("XML_OUTPUT_FILE")
     if xml_path:
-        suite = ET.Element("testsuite", name=os.path.basename(sys.argv[0]), tests=str(result.testsRun),
-                           failures=str(len(result.failures)), errors=str(len(result.errors)))
+        # Counts on <testsuites> too: tools/test.sh reads them there.
+        counts = dict(tests=str(result.testsRun), failures=str(len(result.failures)), errors=str(len(result.errors)))
+        suites = ET.Element("testsuites", **counts)
+        suite = ET.SubElement(suites, "testsuite", name=os.path.basename(sys.argv[0]), **counts)
         for test_id in getattr(result, "ids", []):
             classname, _, name = test_id.rpartition(".")
             case = ET.SubElement(suite, "testcase", classname=classname, name=name)
             if test_id in bad:
                 kind, text = bad[test_id]
                 ET.SubElement(case, kind, message=text.strip().splitlines()[-1]).text = text
-        ET.ElementTree(suite).write(xml_path)
-    print(f"{result.testsRun - len(bad)} passed, {len(bad)} failed", flush=True)
+            elif test_id in skipped:
+                ET.SubElement(case, "skipped", message=skipped[test_id])
+        ET.ElementTree(suites).write(xml_path)
+    line = f"{result.testsRun - len(bad) - len(skipped)} passed, {len(bad)} failed"
+    print(line + (f", {len(skipped)} skipped" if skipped else ""), flush=True)
     sys.exit(0 if result.wasSuccessful() else 1)
