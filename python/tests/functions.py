@@ -79,6 +79,12 @@ def async_relay(to, fn, args):
     return drpc.rpc_async(to, fn, args=tuple(args)).then(lambda f: [f.value(), "then"])
 
 
+@drpc.function("test.call_forward")
+def call_forward(layer, x):
+    """A proxy used away from the caller: the RRef came in as an argument."""
+    return layer.rpc_sync().forward(x)
+
+
 @drpc.function("test.returns_object")
 def returns_object():
     return threading.Lock()

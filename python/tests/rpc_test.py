@@ -243,6 +243,15 @@ class RRefs(unittest.TestCase):
         with self.assertRaisesRegex(drpc.Error, "cannot be sent"):
             layer.to_here()
 
+    def test_a_python_object_in_a_local_rref_is_reached_from_other_workers(self):
+        layer = functions.Linear(3, 2, 7)
+        rref = drpc.RRef(layer)
+        self.assertIs(rref.local_value(), layer)
+        x = torch.randn(4, 3)
+        expected = layer.forward(x)
+        self.assertTrue(torch.allclose(rref.rpc_sync().forward(x), expected))  # on the owner: here
+        self.assertTrue(torch.allclose(drpc.rpc_sync("worker2", functions.call_forward, args=(rref, x)), expected))
+
     def test_remote_errors_surface_on_use(self):
         rref = drpc.remote("worker2", functions.fail, args=("in remote",))
         with self.assertRaises(drpc.RemoteError) as caught:
