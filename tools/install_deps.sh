@@ -4,6 +4,7 @@
 #   tools/install_deps.sh            build and test dependencies
 #   tools/install_deps.sh --bench    also PyTorch's Python package, the benchmarks' peer
 #   tools/install_deps.sh --demo     what the main job needs (the same set today)
+#   tools/install_deps.sh --python   what `import drpc` needs (the same set: //python is tested with the rest)
 set -euo pipefail
 
 packages=(
@@ -19,10 +20,12 @@ packages=(
   iproute2                    # the network-namespace test
   openssl                     # TLS tests make their certificates
   dataset-fashion-mnist       # the main job's data (and its test's)
+  python3-dev pybind11-dev python3-torch   # //python: the extension module and its tests
 )
 for arg in "$@"; do
   case "$arg" in
     --bench) packages+=(python3-torch) ;;
+    --python) ;;
     --demo) ;;  # the data set is always installed: the demo's test uses it
     *) echo "install_deps.sh: unknown option $arg" >&2; exit 2 ;;
   esac
