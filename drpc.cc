@@ -596,7 +596,15 @@ void shutdown(bool graceful, std::chrono::milliseconds timeout) {
     std::lock_guard<std::mutex> lock(default_mu());
     runtime = std::move(default_runtime());
   }
-  if (runtime) runtime->shutdown(graceful, timeout);
+  if (!runtime) return;
+  runtime->shutdown(graceful, timeout);
+  // Kept, stopped, for the rest of the process: objects made on it (a DistributedOptimizer,
+  // an autograd Context, RRefs) may outlive shutdown and must find it there, failing
+  // with kShutdown, not freed. Reachable from a static, so no leak checker reports it.
+  static std::mutex retired_mu;
+  static auto* retired = new std::vector<std::unique_ptr<Runtime>>();
+  std::lock_guard<std::mutex> lock(retired_mu);
+  retired->push_back(std::move(runtime));
 }
 
 // --- observability ---------------------------------------------------------------------

@@ -329,6 +329,23 @@ TEST(RpcJob, TheDefaultTimeoutCanChangeAfterInit) {
   g_gate = nullptr;
 }
 
+// The default runtime's objects may outlive drpc::shutdown(): destroying them afterwards
+// finds the runtime stopped (kShutdown), not freed (AddressSanitizer saw a use after free).
+TEST(DefaultRuntime, ObjectsMadeOnItMayOutliveShutdown) {
+  auto store = create_in_memory_store();
+  Options options;
+  options.store = store.get();
+  init_rpc("solo", 0, 1, options);
+  RRef param = RRef::make_local(c10::IValue(at::ones({2}).set_requires_grad(true)));
+  auto optimizer = std::make_unique<DistributedOptimizer>(optim::sgd(0.1), std::vector<RRef>{param});
+  auto context = std::make_unique<dist_autograd::Context>();
+  shutdown();
+  context.reset();
+  optimizer.reset();
+  param = RRef();
+  EXPECT_EQ(expect_error([&] { rpc_sync("solo", "aten::neg", {at::ones({1})}); }).kind(), ErrorKind::kShutdown);
+}
+
 TEST(RpcJob, InvalidAndDuplicateNames) {
   auto store = create_in_memory_store();
   Options options;
