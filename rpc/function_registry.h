@@ -36,7 +36,8 @@ struct CallArgs {
 //   "torchscript:NAME"    forward() of the TorchScript module loaded as NAME
 //   "torchscript:NAME:M"  its method M
 //   anything else         a C++ function registered under that name
-// Registration is not thread-safe with calls: register before serving.
+// Thread-safe: functions may be registered while others are called (Python modules
+// register theirs when imported); a call sees a function once add() has returned.
 class FunctionRegistry {
  public:
   using Function = std::function<c10::IValue(CallArgs& call)>;
