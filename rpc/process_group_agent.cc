@@ -257,7 +257,9 @@ class ProcessGroupAgent final : public RpcAgent {
     }
     for (int i = 0; i < options_.num_threads; ++i) pool_.emplace_back([this, i] { pool_loop(i); });
     // Messages keep arriving while the held ones are served: they queue behind them until
-    // none is left, so each peer's messages are served in the order it sent them.
+    // none is left, so each peer's messages are served in the order it sent them. Served on
+    // this (the caller's) thread, they log as this worker's, like the network threads'.
+    ScopedLogTag tag(&log_tag_);
     while (true) {
       std::deque<std::pair<int, PgMessage>> held;
       {
@@ -413,19 +415,24 @@ class ProcessGroupAgent final : public RpcAgent {
 
   void process_message(int source, PgMessage raw) {
     const int64_t arrival_ns = steady_now_ns();
-    if (metrics_) {
-      metrics_->bytes_received(source, static_cast<int64_t>(raw.header.size()) + tensor_bytes(raw.tensors));
-    }
+    const int64_t bytes = static_cast<int64_t>(raw.header.size()) + tensor_bytes(raw.tensors);
     rpc::Envelope envelope;
     if (!envelope.ParseFromString(raw.header)) {
-      if (metrics_) metrics_->error(false, ErrorKind::kProtocol);
+      if (metrics_) {
+        metrics_->bytes_received(source, bytes);
+        metrics_->error(false, ErrorKind::kProtocol);
+      }
       LOG(ERROR) << self_.name << ": dropping a malformed message from " << workers_[source].name;
       return;
     }
+    // The join's own messages are the agent's bookkeeping, counted in neither side's bytes
+    // (as the transport's heartbeats are not): they go out whenever a worker in shutdown
+    // turns idle, so counting them would make the two sides' totals race.
     if (envelope.type() == kJoinReport || envelope.type() == kJoinVerdict) {
       on_join_message(source, envelope);
       return;
     }
+    if (metrics_) metrics_->bytes_received(source, bytes);
     Message message{envelope.type(), std::move(*envelope.mutable_payload()), std::move(raw.tensors)};
     take_autograd(envelope, &message);
     for (auto& i : interceptors_) {
@@ -574,16 +581,14 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   // Join messages go straight to the process group: they are not requests, so they count
-  // in nobody's totals.
+  // in nobody's totals (nor in the byte metrics).
   void send_all(std::vector<Outgoing> outbox) {
     for (auto& out : outbox) {
       rpc::Envelope envelope;
       envelope.set_type(out.type);
       envelope.set_payload(std::move(out.payload));
       try {
-        std::string header = envelope.SerializeAsString();
-        if (metrics_) metrics_->bytes_sent(out.dst, static_cast<int64_t>(header.size()));  // as the receiver counts it
-        group_.send_message(out.dst, PgMessage{std::move(header), {}});
+        group_.send_message(out.dst, PgMessage{envelope.SerializeAsString(), {}});
       } catch (const Error& e) {
         VLOG(1) << "join message to " << workers_[out.dst].name << " not sent: " << e.what();  // it is gone
       }
