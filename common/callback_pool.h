@@ -2,12 +2,15 @@
 
 // Threads for user callbacks (future completions, `then` continuations): a task never runs
 // on the thread that submits it, and a task that blocks (an RPC inside a callback, a wait
-// on another future) does not starve the others, because the pool adds a thread whenever
-// every thread it has is busy, up to `max_threads` (beyond that tasks queue: only that
-// many callbacks blocked at once can hold the rest up). Network threads hand work here
+// on another future) does not starve the others: when tasks wait while no thread has
+// started one for `stall`, every thread is taken to be blocked and the pool adds one, up to
+// `max_threads` (beyond that tasks queue: only that many callbacks blocked at once can hold
+// the rest up). A busy but moving pool stays small, so a burst of completions is not
+// spread over many threads on a machine with few cores. Network threads hand work here
 // and return at once.
 
 #include <condition_variable>
+#include <chrono>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -23,8 +26,9 @@ class CallbackPool {
   // Each new thread runs `thread_main(serve)`, which must call serve() (it returns when
   // the pool closes): for log tags and thread names that last the thread's life.
   using ThreadMain = std::function<void(const std::function<void()>& serve)>;
-  explicit CallbackPool(ThreadMain thread_main = nullptr, size_t max_threads = 64)
-      : thread_main_(std::move(thread_main)), max_threads_(max_threads) {}
+  explicit CallbackPool(ThreadMain thread_main = nullptr, size_t max_threads = 64,
+                        std::chrono::milliseconds stall = std::chrono::milliseconds(5))
+      : thread_main_(std::move(thread_main)), max_threads_(max_threads), stall_(stall) {}
   CallbackPool(const CallbackPool&) = delete;
   CallbackPool& operator=(const CallbackPool&) = delete;
   ~CallbackPool() { close(); }
@@ -37,8 +41,16 @@ class CallbackPool {
       std::unique_lock<std::mutex> lock(mu_);
       if (!closed_) {
         queue_.push_back(std::move(task));
-        if (idle_ < queue_.size() && threads_.size() < max_threads_) threads_.emplace_back([this] { loop(); });
-        cv_.notify_one();
+        if (threads_.empty()) {
+          last_start_ = Clock::now();
+          threads_.emplace_back([this] { loop(); });
+          monitor_ = std::thread([this] { watch(); });
+        }
+        if (idle_ > 0) {
+          cv_.notify_one();
+        } else {
+          monitor_cv_.notify_one();  // every thread is busy: the monitor watches for a stall
+        }
         return;
       }
     }
@@ -49,12 +61,16 @@ class CallbackPool {
   // is left to finish by itself). Idempotent.
   void close() {
     std::vector<std::thread> threads;
+    std::thread monitor;
     {
       std::lock_guard<std::mutex> lock(mu_);
       closed_ = true;
       threads.swap(threads_);
+      monitor.swap(monitor_);
     }
     cv_.notify_all();
+    monitor_cv_.notify_all();
+    if (monitor.joinable()) monitor.join();
     for (auto& t : threads) {
       if (t.get_id() == std::this_thread::get_id()) {
         t.detach();
@@ -87,20 +103,49 @@ class CallbackPool {
       if (queue_.empty()) return;  // closed and drained
       auto task = std::move(queue_.front());
       queue_.pop_front();
+      last_start_ = Clock::now();
       lock.unlock();
       task();
       lock.lock();
     }
   }
 
+  // Adds a thread when tasks wait and no thread has started one for `stall_`.
+  void watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!closed_) {
+      auto backlog = [&] { return !queue_.empty() && idle_ == 0; };
+      if (!backlog()) {
+        monitor_cv_.wait(lock, [&] { return closed_ || backlog(); });
+        continue;
+      }
+      const auto due = last_start_ + stall_;
+      if (Clock::now() < due) {
+        monitor_cv_.wait_until(lock, due);
+        continue;
+      }
+      if (threads_.size() < max_threads_) {
+        last_start_ = Clock::now();  // the new thread gets its own `stall_` to start
+        threads_.emplace_back([this] { loop(); });
+      } else {
+        monitor_cv_.wait(lock, [&] { return closed_ || !backlog(); });
+      }
+    }
+  }
+
+  using Clock = std::chrono::steady_clock;
   const ThreadMain thread_main_;
   const size_t max_threads_;
+  const std::chrono::milliseconds stall_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable monitor_cv_;
+  std::thread monitor_;
   // Guarded by mu_.
   bool closed_ = false;
   size_t idle_ = 0;  // threads waiting for a task
   std::deque<std::function<void()>> queue_;
+  Clock::time_point last_start_;  // when a thread last started a task (or was added)
   std::vector<std::thread> threads_;
 };
 
