@@ -49,7 +49,7 @@ class CallbackPool {
         if (idle_ > 0) {
           cv_.notify_one();
         } else {
-          monitor_cv_.notify_one();  // every thread is busy: the monitor watches for a stall
+          wake_monitor_locked();  // every thread is busy: the monitor watches for a stall
         }
         return;
       }
@@ -104,6 +104,7 @@ class CallbackPool {
       auto task = std::move(queue_.front());
       queue_.pop_front();
       last_start_ = Clock::now();
+      if (!queue_.empty() && idle_ == 0) wake_monitor_locked();  // a backlog begins here too
       lock.unlock();
       task();
       lock.lock();
@@ -116,7 +117,9 @@ class CallbackPool {
     while (!closed_) {
       auto backlog = [&] { return !queue_.empty() && idle_ == 0; };
       if (!backlog()) {
+        monitor_waiting_ = true;
         monitor_cv_.wait(lock, [&] { return closed_ || backlog(); });
+        monitor_waiting_ = false;
         continue;
       }
       const auto due = last_start_ + stall_;
@@ -133,6 +136,12 @@ class CallbackPool {
     }
   }
 
+  // Only a monitor waiting for a backlog needs waking: one already watching a backlog
+  // wakes by itself at its deadline, so a burst of tasks costs it nothing.
+  void wake_monitor_locked() {
+    if (monitor_waiting_) monitor_cv_.notify_one();
+  }
+
   using Clock = std::chrono::steady_clock;
   const ThreadMain thread_main_;
   const size_t max_threads_;
@@ -144,6 +153,7 @@ class CallbackPool {
   // Guarded by mu_.
   bool closed_ = false;
   size_t idle_ = 0;  // threads waiting for a task
+  bool monitor_waiting_ = false;  // the monitor waits for a backlog to begin
   std::deque<std::function<void()>> queue_;
   Clock::time_point last_start_;  // when a thread last started a task (or was added)
   std::vector<std::thread> threads_;
