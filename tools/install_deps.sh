@@ -21,6 +21,8 @@ packages=(
   openssl                     # TLS tests make their certificates
   dataset-fashion-mnist       # the main job's data (and its test's)
   python3-dev pybind11-dev python3-torch   # //python: the extension module and its tests
+  python3-kubernetes python3-yaml          # deploy/'s manifests are checked against Kubernetes' API models
+  podman mmdebstrap uidmap runc            # tools/image.sh and the container job's test
 )
 for arg in "$@"; do
   case "$arg" in

@@ -31,12 +31,11 @@
 #include "drpc.h"
 #include "tools/demo/fashion_mnist_data.h"
 #include "tools/flags/env_flags.h"
+#include "tools/worker/job_process.h"
 
-DEFINE_int32(rank, -1, "this worker's rank (or DRPC_RANK, RANK, JOB_COMPLETION_INDEX)");
-DEFINE_int32(world_size, -1, "number of workers (or DRPC_WORLD_SIZE, WORLD_SIZE)");
-DEFINE_int32(local_rank, -1, "this worker's rank on its machine (or LOCAL_RANK; informational)");
-DEFINE_string(master_addr, "127.0.0.1", "where rank 0 serves the store");
-DEFINE_int32(master_port, 29500, "the store's port");
+// The job's flags (--rank, --world_size, --master_addr, --listen, --token_file, --tls_*,
+// --metrics_port, ...) are tools/worker/job_process.h's, as drpc_worker's; these are the
+// training's own.
 DEFINE_int32(epochs, 2, "training epochs");
 DEFINE_int32(batch_size, 64, "batch size");
 DEFINE_double(lr, 0.05, "learning rate");
@@ -165,16 +164,12 @@ DRPC_REGISTER_FUNCTION("demo.block", [](c10::IValue w, c10::IValue b, at::Tensor
 });
 
 int main(int argc, char** argv) {
+  // Every call waits for a whole training step of its peer at worst: longer than a worker's.
+  gflags::SetCommandLineOptionWithMode("rpc_timeout_ms", "120000", gflags::SET_FLAGS_DEFAULT);
   gflags::ParseCommandLineFlags(&argc, &argv, true);  // refuses malformed flags, naming them
+  drpc::job::Settings settings;
   try {
-    drpc::flags::from_environment();
-    if (FLAGS_rank < 0 || FLAGS_world_size < 1) {
-      std::cerr << "fashion_mnist: give --rank and --world_size (or DRPC_RANK / RANK / JOB_COMPLETION_INDEX and "
-                   "DRPC_WORLD_SIZE / WORLD_SIZE)\n";
-      return 2;
-    }
-    drpc::flags::check_range("rank", FLAGS_rank, 0, FLAGS_world_size - 1);
-    drpc::flags::check_range("master_port", FLAGS_master_port, 0, 65535);
+    settings = drpc::job::settings_from_flags();
     drpc::flags::check_range("epochs", FLAGS_epochs, 0, 1000000);
     drpc::flags::check_range("batch_size", FLAGS_batch_size, 1, 1 << 20);
     drpc::flags::check_range("limit", FLAGS_limit, 0, INT32_MAX);
@@ -185,19 +180,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   drpc::init_logging(argv[0]);
-  const int rank = FLAGS_rank, world_size = FLAGS_world_size;
   at::set_num_threads(1);  // several workers share the machine's cores
-  try {
-    drpc::Options options;
-    options.master_addr = FLAGS_master_addr;
-    options.master_port = FLAGS_master_port;
-    options.rpc_timeout = std::chrono::seconds(120);
-    drpc::init_rpc(worker(rank), rank, world_size, options);
+  const int rank = settings.rank, world_size = settings.world_size;
+  // Rank 0 trains; the others serve its calls until it has shut down too.
+  return drpc::job::run("fashion_mnist", worker(rank), settings, [&] {
     if (rank == 0) train(world_size);
-    drpc::shutdown(true);  // the other workers serve until the trainer is done
-  } catch (const std::exception& e) {
-    std::cerr << "worker" << rank << ": " << e.what() << "\n";
-    return 1;
-  }
-  return 0;
+  });
 }
