@@ -262,7 +262,13 @@ int run(const std::string& program, const std::string& name, const Settings& set
   }
   const bool terminated = g_phase == Phase::kLeaving;  // SIGTERM stopped the agent
   g_phase = Phase::kDone;
-  LOG(INFO) << "metrics at shutdown:\n" << to_prometheus_text(get_metrics());
+  const MetricsSnapshot at_exit = get_metrics();
+  LOG(INFO) << "metrics at shutdown:\n" << to_prometheus_text(at_exit);
+  // A peer that failed (not one that left) broke the job even if this worker's own part
+  // ended well: the job's result is incomplete, and an orchestrator must see it fail.
+  for (const auto& p : at_exit.peers) {
+    if (error.empty() && !p.alive && !p.left) error = "the job lost " + p.name + ": " + p.reason;
+  }
   if (metrics) metrics->stop();
   {
     std::lock_guard<std::mutex> lock(g_runtime_mu);
