@@ -280,6 +280,28 @@ TEST(ChromeTrace, IsJsonWithProcessesThreadsAndCompleteEvents) {
   EXPECT_EQ(thread_names, 2);
 }
 
+TEST(ChromeTrace, AFlowArrowLinksEachCallToItsExecutionOnAnotherWorker) {
+  const std::vector<TraceEvent> events = {
+      {"f", "rpc", 0, 11, "main", 1000, 5000, {}, 1, 0},
+      {"f", "execute", 1, 22, "handler 0", 2000, 1000, {}, 2, 1},   // called by span 1
+      {"g", "execute", 1, 22, "handler 0", 4000, 500, {}, 3, 0},    // no caller known
+      {"h", "execute", 0, 11, "main", 1500, 100, {}, 4, 1},         // same worker: no arrow
+  };
+  google::protobuf::Struct root;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(to_chrome_trace(events, {"w0", "w1"}), &root).ok());
+  std::vector<std::string> flows;
+  for (const auto& v : root.fields().at("traceEvents").list_value().values()) {
+    const auto& f = v.struct_value().fields();
+    const std::string ph = f.at("ph").string_value();
+    if (ph != "s" && ph != "f") continue;
+    EXPECT_EQ(f.at("id").number_value(), 2);
+    flows.push_back(ph + " pid " + std::to_string(static_cast<int>(f.at("pid").number_value())) + " tid " +
+                    std::to_string(static_cast<int>(f.at("tid").number_value())) + " ts " +
+                    std::to_string(f.at("ts").number_value()) + (f.count("bp") ? " bp " + f.at("bp").string_value() : ""));
+  }
+  EXPECT_EQ(flows, (std::vector<std::string>{"s pid 1 tid 11 ts 0.000000", "f pid 2 tid 22 ts 1.000000 bp e"}));
+}
+
 TEST(ChromeTrace, CallsInFlightTogetherGetRowsOfTheirOwnWithTheirParts) {
   auto span = [](const char* name, int64_t start, int64_t dur, uint64_t id, uint64_t parent) {
     TraceEvent e{name, "rpc", 0, 7, "main", start, dur, {}};

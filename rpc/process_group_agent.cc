@@ -520,7 +520,13 @@ class ProcessGroupAgent final : public RpcAgent {
                       {{"function", t.what}, {"direction", "request"}, {"to", peer}}});
       part(TraceEvent{"network", "network", self_.id, t.tid, t.thread, profile->reply_ns() - a.offset, a.reply_ns,
                       {{"function", t.what}, {"direction", "reply"}, {"from", peer}}});
-      for (const auto& span : profile->spans()) events.push_back(from_proto(span, -a.offset));
+      for (const auto& span : profile->spans()) {
+        TraceEvent e = from_proto(span, -a.offset);
+        // The callee's execution of this call (its nested calls' executions already have
+        // their own callers): its parent is the call, which the trace draws as a flow arrow.
+        if (e.category == "execute" && e.parent == 0) e.parent = id;
+        events.push_back(std::move(e));
+      }
     }
     t.collector->add_all(std::move(events));
   }

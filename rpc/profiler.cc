@@ -287,6 +287,26 @@ std::string to_chrome_trace(const std::vector<TraceEvent>& events, const std::ve
     }
     out << "}}";
   }
+  // Flow arrows (Perfetto, chrome://tracing) from each call to its execution on the callee:
+  // an execution whose parent is a span of another worker. "s" binds to the call's slice at
+  // its start, "f" (bp "e") to the execution's slice at its start.
+  std::map<uint64_t, const TraceEvent*> by_id;
+  for (const auto* e : sorted) {
+    if (e->id) by_id[e->id] = e;
+  }
+  for (const auto* e : sorted) {
+    if (e->category != "execute" || !e->parent || !e->id) continue;
+    auto caller = by_id.find(e->parent);
+    if (caller == by_id.end() || caller->second->worker == e->worker) continue;
+    const TraceEvent* c = caller->second;
+    begin();
+    out << "{\"ph\":\"s\",\"name\":\"rpc\",\"cat\":\"flow\",\"id\":" << e->id << ",\"pid\":" << c->worker + 1
+        << ",\"tid\":" << placement[c].tid << ",\"ts\":" << micros(c->start_ns - origin) << "}";
+    begin();
+    out << "{\"ph\":\"f\",\"bp\":\"e\",\"name\":\"rpc\",\"cat\":\"flow\",\"id\":" << e->id
+        << ",\"pid\":" << e->worker + 1 << ",\"tid\":" << placement[e].tid << ",\"ts\":" << micros(e->start_ns - origin)
+        << "}";
+  }
   out << "\n]}\n";
   return out.str();
 }

@@ -16,6 +16,8 @@ tmp=${TEST_TMPDIR:-$(mktemp -d)}
 label=drpc-container-test-$$
 tag=localhost/drpc-worker:test-$$
 podman=(podman --runtime=runc)
+# Limits a container may have here (the defaults exceed what this sandbox grants runc).
+limits=(--ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
 
 cleanup() {
   "${podman[@]}" ps -aq --filter "label=$label" | xargs -r "${podman[@]}" rm -f -t 0 >/dev/null 2>&1 || true
@@ -35,6 +37,12 @@ fail() {
 start=$SECONDS
 "$image_sh" --binaries="$bins" --tag="$tag" | tail -1
 echo "image built in $((SECONDS - start)) s"
+help=$("${podman[@]}" run --rm "${limits[@]}" "$tag" --help 2>&1 || true)
+echo "$help" | grep -q "drpc_worker --rank=R --world_size=N" || fail "the image's drpc_worker --help: $help"
+[ "$("${podman[@]}" run --rm "${limits[@]}" --entrypoint /usr/bin/id "$tag" -u)" = 1000 ] || fail "the image does not run as uid 1000"
+for tool in g++ cc bazel; do
+  "${podman[@]}" run --rm "${limits[@]}" --entrypoint /bin/sh "$tag" -c "command -v $tool" >/dev/null && fail "the image holds $tool"
+done
 
 # The job's secrets, readable by the containers' user (uid 1000), mounted read-only.
 secrets=$tmp/secrets
@@ -57,7 +65,7 @@ run_rank() {
   local job=$1 rank=$2
   shift 2
   "${podman[@]}" run -d --name "$label-$job-$rank" --label "$label" --network=host \
-    --read-only --tmpfs /tmp --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 \
+    --read-only --tmpfs /tmp "${limits[@]}" \
     -v "$secrets:/etc/drpc:ro" \
     -e DRPC_RANK="$rank" -e DRPC_WORLD_SIZE=3 -e DRPC_MASTER_ADDR=127.0.0.1 -e DRPC_MASTER_PORT="$port" \
     -e DRPC_LISTEN=127.0.0.1 -e DRPC_TOKEN_FILE=/etc/drpc/token -e DRPC_TLS_CERT=/etc/drpc/worker.pem \

@@ -25,8 +25,17 @@ struct ChromeEvent {
   double end() const { return ts + dur; }
 };
 
+// A flow arrow's end ("s" or "f").
+struct FlowEnd {
+  int pid = 0;
+  int64_t tid = 0;
+  double ts = 0;
+  std::string bind;  // "bp"
+};
+
 struct ChromeTrace {
   std::vector<ChromeEvent> events;           // "X" events
+  std::map<double, std::vector<std::pair<std::string, FlowEnd>>> flows;  // by id: ("s"|"f", end)
   std::map<int, std::string> process_names;  // pid -> worker
   std::map<std::pair<int, int64_t>, std::string> thread_names;
 };
@@ -52,6 +61,15 @@ inline ChromeTrace parse_chrome_trace(const std::string& json) {
       if (kind == "thread_name") {
         trace.thread_names[{pid, static_cast<int64_t>(f.at("tid").number_value())}] = args.at("name").string_value();
       }
+      continue;
+    }
+    if (ph == "s" || ph == "f") {
+      FlowEnd end;
+      end.pid = pid;
+      end.tid = static_cast<int64_t>(f.at("tid").number_value());
+      end.ts = f.at("ts").number_value();
+      if (f.count("bp")) end.bind = f.at("bp").string_value();
+      trace.flows[f.at("id").number_value()].emplace_back(ph, end);
       continue;
     }
     EXPECT_EQ(ph, "X");
@@ -114,6 +132,24 @@ inline void check_chain_trace(const std::string& json) {
     // The caller's spans share its thread's row.
     for (const auto* e : {&s, &rq, &rp}) EXPECT_EQ(e->tid, c.tid);
   }
+  // Each call has a flow arrow to its execution on the callee: "s" on the call's row at its
+  // start, then "f" bound to the execution's slice at its start; nothing else is linked.
+  ASSERT_EQ(trace.flows.size(), 2u) << json;
+  std::vector<std::pair<ChromeEvent, ChromeEvent>> linked;
+  for (const auto& [id, ends] : trace.flows) {
+    ASSERT_EQ(ends.size(), 2u) << "flow " << id;
+    EXPECT_EQ(ends[0].first, "s");
+    EXPECT_EQ(ends[1].first, "f");
+    EXPECT_EQ(ends[1].second.bind, "e");
+    for (const auto& [c, x] : {std::make_pair(call0, exec1), std::make_pair(call1, exec2)}) {
+      if (ends[0].second.pid == c.pid && ends[0].second.tid == c.tid && std::fabs(ends[0].second.ts - c.ts) < kEps &&
+          ends[1].second.pid == x.pid && ends[1].second.tid == x.tid && std::fabs(ends[1].second.ts - x.ts) < kEps) {
+        linked.emplace_back(c, x);
+      }
+    }
+  }
+  EXPECT_EQ(linked.size(), 2u) << "the flows link call0 -> exec1 and call1 -> exec2: " << json;
+
   // The nested call runs inside worker1's execution, on its thread.
   EXPECT_GE(call1.ts, exec1.ts - kEps);
   EXPECT_LE(call1.end(), exec1.end() + kEps);
