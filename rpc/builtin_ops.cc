@@ -5,6 +5,7 @@
 #include <torch/csrc/jit/runtime/operator.h>
 
 #include <optional>
+#include <unordered_map>
 
 #include "rpc/function_registry.h"
 
@@ -13,8 +14,30 @@ namespace {
 
 // Whether `value` can be passed as `type`; with `convert`, also after the conversions
 // Python users expect (int where float is wanted). May rewrite `value`.
+// Whether `value` is a `type`, told from their kinds alone for the common cases (building
+// a tensor's type computes its sizes and strides); nullopt when that takes the full type.
+std::optional<bool> is_subtype_by_kind(const c10::IValue& value, const c10::Type& type) {
+  using K = c10::TypeKind;
+  const K kind = type.kind();
+  const bool scalar_param = kind == K::IntType || kind == K::FloatType || kind == K::BoolType ||
+                            kind == K::NumberType || kind == K::StringType;
+  if (value.isTensor()) {
+    if (kind == K::TensorType) return true;
+    if (scalar_param) return false;
+  } else if (value.isInt() || value.isDouble() || value.isBool() || value.isString()) {
+    if (kind == K::TensorType) return false;
+    if (kind == K::IntType) return value.isInt();
+    if (kind == K::FloatType) return value.isDouble();
+    if (kind == K::BoolType) return value.isBool();
+    if (kind == K::NumberType) return value.isInt() || value.isDouble();
+    if (kind == K::StringType) return value.isString();
+  }
+  return std::nullopt;
+}
+
 bool fits(c10::IValue& value, const c10::TypePtr& type, bool convert) {
-  if (value.type()->isSubtypeOf(*type)) return true;
+  const std::optional<bool> by_kind = is_subtype_by_kind(value, *type);
+  if (by_kind ? *by_kind : value.type()->isSubtypeOf(*type)) return true;
   if (!convert) return false;
   if (auto optional = type->cast<c10::OptionalType>()) {
     return value.isNone() || fits(value, optional->getElementType(), convert);
@@ -72,11 +95,74 @@ std::optional<torch::jit::Stack> bind(const c10::FunctionSchema& schema, const C
   return stack;
 }
 
+// What overload resolution depends on, for the argument kinds it can be cached for:
+// appends one letter per value and returns false for any other kind (a tuple, a dict, a
+// generic list, ...), which is then resolved afresh each time.
+bool append_kind(const c10::IValue& v, std::string* key) {
+  char k = 0;
+  if (v.isTensor()) k = 'T';
+  else if (v.isInt()) k = 'i';
+  else if (v.isDouble()) k = 'd';
+  else if (v.isBool()) k = 'b';
+  else if (v.isString()) k = 's';
+  else if (v.isNone()) k = 'n';
+  else if (v.isIntList()) k = 'I';
+  else if (v.isDoubleList()) k = 'D';
+  else if (v.isBoolList()) k = 'B';
+  else if (v.isTensorList()) k = 'L';
+  if (!k) return false;
+  *key += k;
+  return true;
+}
+
+// "name(kinds;kwarg=kind...)", or "" if the call cannot be cached.
+std::string resolution_key(const std::string& name, const CallArgs& call) {
+  std::string key = name;
+  key += '(';
+  for (const auto& a : call.args) {
+    if (!append_kind(a, &key)) return "";
+  }
+  for (const auto& [k, v] : call.kwargs) {
+    key += ';' + k + '=';
+    if (!append_kind(v, &key)) return "";
+  }
+  return key;
+}
+
 std::string describe_args(const CallArgs& call) {
   std::string out;
   for (const auto& a : call.args) out += (out.empty() ? "" : ", ") + a.type()->str();
   for (const auto& [k, v] : call.kwargs) out += (out.empty() ? "" : ", ") + k + "=" + v.type()->str();
   return "(" + out + ")";
+}
+
+}  // namespace
+
+// The overloads chosen so far, by name and argument kinds: the first that fits stays the
+// first for arguments of the same kinds, so later calls bind it directly. Invalidated per
+// entry when operators are registered under that name afterwards (TorchScript, extensions).
+struct FunctionRegistry::BuiltinResolutions {
+  struct Chosen {
+    std::shared_ptr<torch::jit::Operator> op;
+    bool convert = false;
+    size_t overloads = 0;  // how many the name had when it was chosen
+  };
+  std::mutex mu;
+  std::unordered_map<std::string, Chosen> chosen;
+};
+
+FunctionRegistry::FunctionRegistry() : builtins_(std::make_unique<BuiltinResolutions>()) {}
+FunctionRegistry::~FunctionRegistry() = default;
+
+namespace {
+
+c10::IValue run(const torch::jit::Operator& op, torch::jit::Stack& stack) {
+  op.getOperation()(stack);
+  const size_t n = op.schema().returns().size();
+  if (n == 0) return c10::IValue();
+  if (n == 1) return stack.back();
+  std::vector<c10::IValue> results(stack.end() - n, stack.end());
+  return c10::ivalue::Tuple::create(std::move(results));
 }
 
 }  // namespace
@@ -90,18 +176,29 @@ c10::IValue FunctionRegistry::call_builtin(const std::string& name, CallArgs& ca
   }
   const auto& ops = torch::jit::getAllOperatorsFor(symbol);
   if (ops.empty()) throw Error(ErrorKind::kBadArgument, "unknown function '" + name + "'");
+  const std::string key = resolution_key(name, call);
+  if (!key.empty()) {
+    BuiltinResolutions::Chosen chosen;
+    {
+      std::lock_guard<std::mutex> lock(builtins_->mu);
+      auto it = builtins_->chosen.find(key);
+      if (it != builtins_->chosen.end() && it->second.overloads == ops.size()) chosen = it->second;
+    }
+    if (chosen.op) {
+      if (auto stack = bind(chosen.op->schema(), call, chosen.convert)) return run(*chosen.op, *stack);
+    }
+  }
   for (bool convert : {false, true}) {
     for (const auto& op : ops) {
       const c10::FunctionSchema& schema = op->schema();
       if (writes_out_argument(schema)) continue;
       auto stack = bind(schema, call, convert);
       if (!stack) continue;
-      op->getOperation()(*stack);
-      const size_t n = schema.returns().size();
-      if (n == 0) return c10::IValue();
-      if (n == 1) return stack->back();
-      std::vector<c10::IValue> results(stack->end() - n, stack->end());
-      return c10::ivalue::Tuple::create(std::move(results));
+      if (!key.empty()) {
+        std::lock_guard<std::mutex> lock(builtins_->mu);
+        builtins_->chosen[key] = BuiltinResolutions::Chosen{op, convert, ops.size()};
+      }
+      return run(*op, *stack);
     }
   }
   std::string candidates;

@@ -23,8 +23,7 @@ FuturePtr failed(std::exception_ptr error) {
 
 }  // namespace
 
-FunctionRegistry::FunctionRegistry() = default;
-FunctionRegistry::~FunctionRegistry() = default;
+// The constructor and destructor are in builtin_ops.cc, beside BuiltinResolutions.
 
 FunctionRegistry& FunctionRegistry::process_wide() {
   static FunctionRegistry* registry = new FunctionRegistry();  // never destroyed: used by static registrars

@@ -67,6 +67,8 @@ class FunctionRegistry {
  private:
   c10::IValue call_builtin(const std::string& name, CallArgs& call) const;
 
+  struct BuiltinResolutions;
+  const std::unique_ptr<BuiltinResolutions> builtins_;  // thread-safe on its own
   mutable std::mutex mu_;
   std::map<std::string, Function> functions_;
   std::map<std::string, AsyncFunction> async_functions_;

@@ -203,7 +203,9 @@ class ProcessGroupAgent final : public RpcAgent {
       if (timeout.count() > 0) {
         pending.deadline = Clock::now() + timeout;
         deadlines_.emplace(pending.deadline, id);
-        if (deadlines_.begin()->second == id) timer_cv_.notify_all();
+        // Only a deadline earlier than the timer's next wake-up needs it sooner: calls made
+        // one after another (each later than the last) leave it asleep.
+        if (pending.deadline < timer_wakes_at_) timer_cv_.notify_all();
       }
       pending_.emplace(id, std::move(pending));
       if (dst.id != self_.id) ++sent_to_[dst.id];
@@ -871,12 +873,16 @@ class ProcessGroupAgent final : public RpcAgent {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopped_) {
       if (deadlines_.empty()) {
+        timer_wakes_at_ = Clock::time_point::max();
         timer_cv_.wait(lock);
+        timer_wakes_at_ = Clock::time_point::min();
         continue;
       }
       const auto next = deadlines_.begin()->first;
       if (Clock::now() < next) {
+        timer_wakes_at_ = next;
         timer_cv_.wait_until(lock, next);
+        timer_wakes_at_ = Clock::time_point::min();
         continue;
       }
       const int64_t id = deadlines_.begin()->second;
@@ -946,6 +952,9 @@ class ProcessGroupAgent final : public RpcAgent {
   bool stopped_ = false;
   std::map<int64_t, Pending> pending_;
   std::multimap<Clock::time_point, int64_t> deadlines_;
+  // When the timer thread wakes next unless notified (max: only when notified; min: it is
+  // awake and will look at deadlines_ before it sleeps again). Guarded by mu_.
+  Clock::time_point timer_wakes_at_ = Clock::time_point::min();
   std::deque<std::function<void()>> queue_;
   std::deque<std::pair<int, PgMessage>> held_;
   int64_t processing_ = 0;

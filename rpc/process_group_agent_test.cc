@@ -167,6 +167,37 @@ TEST(ProcessGroupAgent, DeadlinesFireInOrderAndLateRepliesAreDropped) {
   for (auto& f : held) f->markCompleted(message_to_ivalue(Message{kHold, "late", {}}));  // dropped by the caller
 }
 
+// The timer sleeps until the earliest deadline it knew of and is woken only for an earlier
+// one: a later call's deadline, made after an earlier call was answered, still fires on
+// time (neither before it nor much after).
+TEST(ProcessGroupAgent, ALaterDeadlineFiresAfterAnEarlierCallWasAnswered) {
+  Agents agents(2);
+  std::vector<FuturePtr> held;
+  std::mutex mu;
+  agents[1].register_handler(kHold, [&](const WorkerInfo&, Message) {
+    auto future = make_message_future();
+    std::lock_guard<std::mutex> lock(mu);
+    held.push_back(future);
+    return future;
+  });
+  agents[1].register_handler(kEcho, echo_handler());
+  agents[0].start();
+  agents[1].start();
+  for (int round = 0; round < 2; ++round) {
+    auto answered = agents[0].send(agents[0].worker(1), Message{kEcho, "x", {}}, milliseconds(150), "answered");
+    answered->wait();
+    ASSERT_FALSE(answered->hasError());
+    const auto start = std::chrono::steady_clock::now();
+    auto later = agents[0].send(agents[0].worker(1), Message{kHold, "", {}}, milliseconds(400), "later");
+    EXPECT_EQ(error_of(later).kind(), ErrorKind::kTimeout);
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_GE(took, milliseconds(400));
+    EXPECT_LT(took, milliseconds(3000));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& f : held) f->markCompleted(message_to_ivalue(Message{kHold, "late", {}}));
+}
+
 TEST(ProcessGroupAgent, APeerThatLeavesFailsItsPendingCalls) {
   Agents agents(3);
   agents[1].register_handler(kHold, [](const WorkerInfo&, Message) { return make_message_future(); });
