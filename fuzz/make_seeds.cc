@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dist_autograd/dist_autograd.h"
+#include "common/error_wire.h"
 #include "fuzz/world.h"
 #include "process_group/transport.h"
 #include "rpc/value_codec.h"
@@ -130,7 +131,7 @@ void frame_seeds(const fs::path& dir, const std::vector<Message>& traffic) {
   pg::FrameHeader abort;
   abort.set_kind(pg::FrameHeader::ABORT);
   abort.set_seq(9);
-  abort.set_error_kind(static_cast<int32_t>(ErrorKind::kTimeout));
+  abort.set_error_kind(to_wire(ErrorKind::kTimeout));
   abort.set_payload("allreduce timed out");
   pg::FrameHeader goodbye;
   goodbye.set_kind(pg::FrameHeader::GOODBYE);

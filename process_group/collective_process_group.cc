@@ -14,6 +14,8 @@
 #include <mutex>
 #include <thread>
 
+#include "common/error_wire.h"
+
 namespace drpc {
 namespace {
 
@@ -599,7 +601,7 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
     pg::FrameHeader header;
     header.set_kind(pg::FrameHeader::ABORT);
     header.set_seq(seq);
-    header.set_error_kind(static_cast<int32_t>(error.kind()));
+    header.set_error_kind(to_wire(error.kind()));
     header.set_payload(error.message());
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_ || is_dead(peer)) continue;
@@ -659,9 +661,7 @@ class CollectiveProcessGroup final : public ProcessGroup, private FrameSink {
         std::lock_guard<std::mutex> lock(mu_);
         const uint64_t seq = frame.header.seq();
         if (seq <= finished_seq_ || aborted_.count(seq)) return;
-        int kind = frame.header.error_kind();
-        if (kind < 0 || kind > static_cast<int>(ErrorKind::kInternal)) kind = static_cast<int>(ErrorKind::kInternal);
-        aborted_.emplace(seq, Error(static_cast<ErrorKind>(kind),
+        aborted_.emplace(seq, Error(from_wire(frame.header.error_kind()),
                                     "rank " + std::to_string(frame.source) + ": " + frame.header.payload()));
         changed_.notify_all();
         return;

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "common/callback_pool.h"
+#include "common/error_wire.h"
 #include "common/logging.h"
 #include "rpc/metrics.h"
 #include "rpc/profiler.h"
@@ -69,7 +70,7 @@ TraceEvent from_proto(const rpc::Span& s, int64_t shift) {
 }
 
 ErrorKind kind_of(const rpc::Envelope& e) {
-  return static_cast<ErrorKind>(std::min<int>(e.error_kind() - 1, static_cast<int>(ErrorKind::kInternal)));
+  return from_wire(e.error_kind());
 }
 
 class ProcessGroupAgent final : public RpcAgent {
@@ -760,16 +761,21 @@ class ProcessGroupAgent final : public RpcAgent {
       try {
         std::rethrow_exception(done.exception_ptr());
       } catch (const Error& e) {
-        envelope.set_error_kind(1 + static_cast<int>(e.kind()));
+        envelope.set_error_kind(to_wire(e.kind()));
         envelope.set_error(e.message());
       } catch (const std::exception& e) {
-        envelope.set_error_kind(1 + static_cast<int>(ErrorKind::kRemote));
+        envelope.set_error_kind(to_wire(ErrorKind::kRemote));
         envelope.set_error(e.what());
       }
     } else {
-      reply = message_from_ivalue(done.value());
-      envelope.set_type(reply.type);
-      if (reply.autograd_context < 0) reply.autograd_context = autograd_context;
+      try {
+        reply = message_from_ivalue(done.value());
+        envelope.set_type(reply.type);
+        if (reply.autograd_context < 0) reply.autograd_context = autograd_context;
+      } catch (const Error& e) {  // the handler's bug, told to its caller
+        envelope.set_error_kind(to_wire(e.kind()));
+        envelope.set_error(e.message());
+      }
     }
     if (metrics_ && served.fn) {
       metrics_->request_served(served.fn, std::chrono::nanoseconds(reply_ns - served.arrival_ns));

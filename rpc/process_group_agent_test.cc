@@ -109,6 +109,27 @@ TEST(ProcessGroupAgent, HandlerErrorsAndUnknownTypesComeBackWithTheirKind) {
   EXPECT_THROW(agents[0].worker("nobody"), Error);
 }
 
+// A handler whose future holds something other than a Message answers with an Internal
+// error naming what it held; the agent goes on serving.
+TEST(ProcessGroupAgent, AReplyThatIsNotAMessageComesBackAsAnInternalError) {
+  Agents agents(2);
+  agents[1].register_handler(kHold, [](const WorkerInfo&, Message) {
+    auto future = make_message_future();
+    future->markCompleted(c10::IValue(int64_t{7}));
+    return future;
+  });
+  agents[1].register_handler(kEcho, echo_handler());
+  agents[0].start();
+  agents[1].start();
+  Error e = error_of(agents[0].send(agents[0].worker(1), Message{kHold, "", {}}, milliseconds(5000), "bad"));
+  EXPECT_EQ(e.kind(), ErrorKind::kInternal);
+  EXPECT_NE(std::string(e.what()).find("a reply future holds Int, not a drpc Message"), std::string::npos) << e.what();
+  auto ok = agents[0].send(agents[0].worker(1), Message{kEcho, "ab", {}}, milliseconds(5000), "ok");
+  ok->wait();
+  ASSERT_FALSE(ok->hasError());
+  EXPECT_EQ(message_from_ivalue(ok->value()).payload, "ba@w0");
+}
+
 TEST(ProcessGroupAgent, ErrorTextThatIsNotUtf8StillComesBack) {
   Agents agents(2);
   const std::string binary = "bad \xff\xfe bytes";

@@ -31,8 +31,15 @@ struct MessageCapsule : torch::CustomClassHolder {
 inline c10::IValue message_to_ivalue(Message message) {
   return c10::IValue::make_capsule(c10::make_intrusive<MessageCapsule>(std::move(message)));
 }
+// The Message in a reply future's value. Throws Error(kInternal) naming what it holds
+// instead if it is not one (a handler that completed its future with something else).
 inline const Message& message_from_ivalue(const c10::IValue& value) {
-  return static_cast<MessageCapsule*>(value.toCapsule().get())->message;
+  auto* capsule = value.isCapsule() ? dynamic_cast<MessageCapsule*>(value.toCapsule().get()) : nullptr;
+  if (!capsule) {
+    throw Error(ErrorKind::kInternal,
+                std::string("a reply future holds ") + value.tagKind() + ", not a drpc Message");
+  }
+  return capsule->message;
 }
 // A future that will hold a Message.
 inline FuturePtr make_message_future() {
