@@ -1,6 +1,7 @@
 """A Python worker of a test job: joins, serves until the whole job shuts down, exits 0.
 Usage: worker.py NAME RANK WORLD_SIZE PORT; PORT "env" joins through env:// (MASTER_ADDR,
-MASTER_PORT, RANK, WORLD_SIZE). TEST_TOKEN_FILE, if set, is the job's token file."""
+MASTER_PORT, RANK, WORLD_SIZE). TEST_TOKEN_FILE, if set, is the job's token file.
+Joins with torch's positional form, init_rpc(name, backend, rank, world_size, options)."""
 
 import os
 import sys
@@ -18,7 +19,7 @@ def main():
     if port == "env":
         drpc.init_rpc(name, rpc_backend_options=options)
     else:
-        drpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)
+        drpc.init_rpc(name, None, rank, world_size, options)
     drpc.shutdown(graceful=True)
     print(f"{name}: shut down", flush=True)
 
