@@ -1,6 +1,6 @@
 """init_rpc's options reach drpc: env:// rendezvous (MASTER_ADDR/MASTER_PORT, RANK and
-WORLD_SIZE), a job token from token_file, rpc_timeout as the default of every call.
-This process is rank 0; worker1 is a subprocess joining the same way."""
+WORLD_SIZE), a job token from token_file, rpc_timeout as the default of every call; its
+arguments are torch's. This process is rank 0; worker1 is a subprocess joining the same way."""
 
 import os
 import subprocess
@@ -94,6 +94,42 @@ class Options(unittest.TestCase):
         with self.assertRaises(drpc.BadArgumentError):  # one init per process
             drpc.init_rpc("again", rank=0, world_size=1,
                           rpc_backend_options=drpc.RpcBackendOptions(init_method="tcp://127.0.0.1:1"))
+
+    def test_init_rpc_takes_torchs_arguments_and_any_name_of_drpcs_backend(self):
+        import inspect
+        import torch.distributed.rpc as rpc
+        self.assertEqual(inspect.signature(drpc.init_rpc), inspect.signature(rpc.init_rpc))
+        # These get as far as joining, refused here only because this process has joined.
+        options = drpc.RpcBackendOptions(init_method="tcp://127.0.0.1:1")
+        for backend in (None, drpc.BackendType.DRPC, drpc.BackendType.TENSORPIPE, rpc.BackendType.TENSORPIPE,
+                        "drpc", "TensorPipe", "process_group"):
+            with self.assertRaisesRegex(drpc.BadArgumentError, "already called"):
+                drpc.init_rpc("again", backend, 0, 1, options)
+            with self.assertRaisesRegex(drpc.BadArgumentError, "already called"):
+                drpc.init_rpc("again", backend=backend, rank=0, world_size=1, rpc_backend_options=options)
+
+    def test_init_rpc_refuses_other_backends_and_options_before_joining(self):
+        import enum
+        options = drpc.RpcBackendOptions(init_method="tcp://127.0.0.1:1")
+        with self.assertRaisesRegex(ValueError, "unknown backend 'gloo'") as caught:
+            drpc.init_rpc("w", "gloo", 0, 1, options)
+        self.assertNotIsInstance(caught.exception, drpc.Error)
+        other = enum.Enum("BackendType", ["TENSORPIPE", "MY_BACKEND"])  # torch's, after register_backend
+        with self.assertRaisesRegex(ValueError, "is not drpc's"):
+            drpc.init_rpc("w", other.MY_BACKEND, 0, 1, options)
+        # drpc's old order (name, rank, world_size, options) puts the rank where torch has backend.
+        with self.assertRaisesRegex(TypeError, r"backend must be a BackendType .*init_rpc\(name, backend=None, rank"):
+            drpc.init_rpc("w", 0, 1, options)
+        with self.assertRaisesRegex(TypeError, "rpc_backend_options must be a drpc.RpcBackendOptions"):
+            drpc.init_rpc("w", None, 0, 1, object())
+        saved = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE")}
+        try:
+            with self.assertRaisesRegex(ValueError, "rank not given and RANK is not set"):
+                drpc.init_rpc("w", rpc_backend_options=options)
+            with self.assertRaisesRegex(ValueError, "world_size not given and WORLD_SIZE is not set"):
+                drpc.init_rpc("w", rank=0, rpc_backend_options=options)
+        finally:
+            os.environ.update(saved)
 
 
 if __name__ == "__main__":

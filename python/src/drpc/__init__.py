@@ -15,6 +15,7 @@ as C++ workers. Functions travel by name, never as pickled code:
 """
 
 import atexit
+import enum
 import os
 
 import torch  # before _drpc: it needs torch's Python types
@@ -33,7 +34,7 @@ wait_all = torch.futures.wait_all
 Future = torch.futures.Future
 
 __all__ = [
-    "init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "RRef", "WorkerInfo", "get_worker_info",
+    "init_rpc", "BackendType", "shutdown", "rpc_sync", "rpc_async", "remote", "RRef", "WorkerInfo", "get_worker_info",
     "function", "RpcBackendOptions", "TensorPipeRpcBackendOptions", "wait_all", "dist_autograd", "optim",
     "Error", "TimeoutError", "PeerUnavailableError", "RemoteError", "BadArgumentError", "MismatchError",
     "ShutdownError", "ProtocolError", "UnauthenticatedError", "InternalError",
@@ -89,16 +90,63 @@ def _master(init_method):
     raise ValueError(f"init_method {init_method!r}: drpc supports tcp://HOST:PORT and env://")
 
 
-def init_rpc(name, rank=-1, world_size=None, rpc_backend_options=None, backend=None):
-    """Joins the job as worker `name` (rank 0 serves the store). Returns once every worker
-    is connected. rank -1 / world_size None read RANK / WORLD_SIZE."""
-    if backend is not None and backend not in ("process_group", "drpc"):
-        raise ValueError(f"init_rpc: unknown backend {backend!r}")
+class BackendType(enum.Enum):
+    """init_rpc's `backend`, as torch's BackendType: drpc has one, its own transport.
+    TENSORPIPE names it too (as TensorPipeRpcBackendOptions names RpcBackendOptions), so
+    torch code passing BackendType.TENSORPIPE runs unchanged."""
+
+    DRPC = "drpc"
+    TENSORPIPE = "tensorpipe"
+
+
+# Strings init_rpc takes for `backend`, besides BackendType's names.
+_BACKEND_STRINGS = ("drpc", "tensorpipe", "process_group")
+
+
+def _check_backend(backend):
+    """Any way of naming drpc's backend passes (None, drpc.BackendType's members, torch's
+    BackendType.TENSORPIPE, "drpc", "tensorpipe", "process_group"); another backend is a
+    ValueError, a value of another type (a rank given where torch has backend) a TypeError."""
+    if backend is None or isinstance(backend, BackendType):
+        return
+    if isinstance(backend, enum.Enum):  # torch.distributed.rpc.BackendType, which torch rebuilds on registration
+        if backend.name in BackendType.__members__:
+            return
+        raise ValueError(f"init_rpc: backend {backend!r} is not drpc's; drpc runs its own transport "
+                         "(pass None, drpc.BackendType.DRPC or BackendType.TENSORPIPE)")
+    if isinstance(backend, str):
+        if backend.lower() in _BACKEND_STRINGS:
+            return
+        raise ValueError(f"init_rpc: unknown backend {backend!r} (drpc takes None, a BackendType, or one of "
+                         f"{', '.join(_BACKEND_STRINGS)})")
+    raise TypeError(f"init_rpc: backend must be a BackendType (or None), got {type(backend).__name__} {backend!r}; "
+                    "the arguments are torch's: init_rpc(name, backend=None, rank=-1, world_size=None, "
+                    "rpc_backend_options=None)")
+
+
+def _from_environment(variable, argument):
+    try:
+        return int(os.environ[variable])
+    except KeyError:
+        raise ValueError(f"init_rpc: {argument} not given and {variable} is not set "
+                         "(drpc's jobs have a fixed membership)") from None
+
+
+def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
+    """torch.distributed.rpc.init_rpc: joins the job as worker `name` (rank 0 serves the
+    store) and returns once every worker is connected. backend: None or any name of drpc's
+    (see BackendType; another is refused). rank -1 / world_size None: RANK / WORLD_SIZE.
+    rpc_backend_options: a drpc.RpcBackendOptions (default: env://)."""
+    _check_backend(backend)
+    if rpc_backend_options is not None and not isinstance(rpc_backend_options, RpcBackendOptions):
+        raise TypeError(f"init_rpc: rpc_backend_options must be a drpc.RpcBackendOptions (alias "
+                        f"drpc.TensorPipeRpcBackendOptions), got {type(rpc_backend_options).__module__}."
+                        f"{type(rpc_backend_options).__qualname__}")
     options = rpc_backend_options or RpcBackendOptions()
     if rank is None or rank < 0:
-        rank = int(os.environ["RANK"])
+        rank = _from_environment("RANK", "rank")
     if world_size is None:
-        world_size = int(os.environ["WORLD_SIZE"])
+        world_size = _from_environment("WORLD_SIZE", "world_size")
     host, port = _master(options.init_method)
     token = _drpc.read_token(options.token_file or "")
     _drpc.init_rpc(name, rank, world_size, host, port, float(options.rpc_timeout), float(options.init_timeout),
@@ -154,15 +202,28 @@ def function(name):
     return register
 
 
+# Builtins' names by function: looking one up on every call (a failed getattr of
+# _drpc_name, the import, torch's table) took 1.7 us, half of the Python before the call.
+_builtin_names = {}
+
+
 def _name_of(func):
     if isinstance(func, str):
         return func
+    try:
+        return _builtin_names[func]
+    except (KeyError, TypeError):  # TypeError: an unhashable callable
+        pass
     name = getattr(func, "_drpc_name", None)
     if name is not None:
         return name
     from torch.jit._builtins import _find_builtin
     builtin = _find_builtin(func)
     if builtin is not None:
+        try:
+            _builtin_names[func] = builtin
+        except TypeError:
+            pass
         return builtin
     raise TypeError(f"{getattr(func, '__qualname__', func)!r} is neither a builtin operator nor registered "
                     "with @drpc.function(name): drpc calls functions by name and never sends code")
