@@ -48,6 +48,27 @@ RpcAgent::Handler echo_handler() {
   };
 }
 
+// A handler whose replies wait until the test answers them all (late, after deadlines).
+class HeldReplies {
+ public:
+  RpcAgent::Handler handler() {
+    return [this](const WorkerInfo&, Message) {
+      auto future = make_message_future();
+      std::lock_guard<std::mutex> lock(mu_);
+      held_.push_back(future);
+      return future;
+    };
+  }
+  void answer_all() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& f : held_) f->markCompleted(message_to_ivalue(Message{kHold, "late", {}}));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<FuturePtr> held_;
+};
+
 Error error_of(const FuturePtr& future) {
   future->wait();
   EXPECT_TRUE(future->hasError());
@@ -166,14 +187,8 @@ TEST(ProcessGroupAgent, InterceptorsSeeAndRewriteEveryMessage) {
 
 TEST(ProcessGroupAgent, DeadlinesFireInOrderAndLateRepliesAreDropped) {
   Agents agents(2);
-  std::vector<FuturePtr> held;
-  std::mutex mu;
-  agents[1].register_handler(kHold, [&](const WorkerInfo&, Message) {
-    auto future = make_message_future();
-    std::lock_guard<std::mutex> lock(mu);
-    held.push_back(future);
-    return future;  // completed by the test, later
-  });
+  HeldReplies held;
+  agents[1].register_handler(kHold, held.handler());
   agents[0].start();
   agents[1].start();
   auto slow = agents[0].send(agents[0].worker(1), Message{kHold, "", {}}, milliseconds(400), "slow");
@@ -184,8 +199,7 @@ TEST(ProcessGroupAgent, DeadlinesFireInOrderAndLateRepliesAreDropped) {
   e = error_of(slow);
   EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
   EXPECT_NE(std::string(e.what()).find("slow to w1 timed out after 400 ms"), std::string::npos) << e.what();
-  std::lock_guard<std::mutex> lock(mu);
-  for (auto& f : held) f->markCompleted(message_to_ivalue(Message{kHold, "late", {}}));  // dropped by the caller
+  held.answer_all();  // the late replies are dropped by the caller
 }
 
 // The timer sleeps until the earliest deadline it knew of and is woken only for an earlier
@@ -193,14 +207,8 @@ TEST(ProcessGroupAgent, DeadlinesFireInOrderAndLateRepliesAreDropped) {
 // time (neither before it nor much after).
 TEST(ProcessGroupAgent, ALaterDeadlineFiresAfterAnEarlierCallWasAnswered) {
   Agents agents(2);
-  std::vector<FuturePtr> held;
-  std::mutex mu;
-  agents[1].register_handler(kHold, [&](const WorkerInfo&, Message) {
-    auto future = make_message_future();
-    std::lock_guard<std::mutex> lock(mu);
-    held.push_back(future);
-    return future;
-  });
+  HeldReplies held;
+  agents[1].register_handler(kHold, held.handler());
   agents[1].register_handler(kEcho, echo_handler());
   agents[0].start();
   agents[1].start();
@@ -215,8 +223,7 @@ TEST(ProcessGroupAgent, ALaterDeadlineFiresAfterAnEarlierCallWasAnswered) {
     EXPECT_GE(took, milliseconds(400));
     EXPECT_LT(took, milliseconds(3000));
   }
-  std::lock_guard<std::mutex> lock(mu);
-  for (auto& f : held) f->markCompleted(message_to_ivalue(Message{kHold, "late", {}}));
+  held.answer_all();
 }
 
 TEST(ProcessGroupAgent, APeerThatLeavesFailsItsPendingCalls) {

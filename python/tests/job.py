@@ -21,6 +21,18 @@ def free_port():
         return s.getsockname()[1]
 
 
+def shutdown_and_reap(worker):
+    """Shuts this process's drpc down gracefully, then expects the subprocess `worker` to
+    exit 0 (killed if it does not)."""
+    try:
+        drpc.shutdown()
+        assert worker.wait(timeout=60) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
 class Job:
     """Starts `workers` ({name: argv builder}) as ranks 1.. and joins as rank 0."""
 

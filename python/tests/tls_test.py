@@ -74,13 +74,7 @@ def setUpModule():
 
 
 def tearDownModule():
-    try:
-        drpc.shutdown()
-        assert WORKER.wait(timeout=60) == 0
-    finally:
-        if WORKER.poll() is None:
-            WORKER.kill()
-            WORKER.wait()
+    job.shutdown_and_reap(WORKER)
 
 
 def try_to_join(**tls):
