@@ -351,13 +351,7 @@ class RuntimeImpl final : public Runtime {
       autograd_->set_current_context(autograd_context);
       FuturePtr out = functions_.call(fn, std::move(args), agent_->self().name);
       autograd_->set_current_context(previous);
-      out->addCallback([result](c10::ivalue::Future& o) {
-        if (o.hasError()) {
-          result->setError(o.exception_ptr());
-        } else {
-          result->markCompleted(o.value());
-        }
-      });
+      forward_future(out, result);
     });
     return result->then(
         [fn, hooks](c10::ivalue::Future& done) {

@@ -128,14 +128,7 @@ class FaultyAgent final : public RpcAgent {
       lock.unlock();
       try {
         FuturePtr real = inner_->send(d.to, std::move(d.request), d.timeout, d.what);
-        FuturePtr out = d.future;
-        real->addCallback([out](c10::ivalue::Future& r) {
-          if (r.hasError()) {
-            out->setError(r.exception_ptr());
-          } else {
-            out->markCompleted(r.value());
-          }
-        });
+        forward_future(real, d.future);
       } catch (...) {
         d.future->setError(std::current_exception());
       }

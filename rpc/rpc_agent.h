@@ -45,6 +45,17 @@ inline const Message& message_from_ivalue(const c10::IValue& value) {
 inline FuturePtr make_message_future() {
   return c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
 }
+// Completes `to` as `from` completes, with its value or its error, on the thread that
+// completes `from`. Nothing else may complete `to`.
+inline void forward_future(const FuturePtr& from, const FuturePtr& to) {
+  from->addCallback([to](c10::ivalue::Future& done) {
+    if (done.hasError()) {
+      to->setError(done.exception_ptr());
+    } else {
+      to->markCompleted(done.value());
+    }
+  });
+}
 
 // Sends messages between the workers of one job and dispatches those that arrive to
 // the handler registered for their type. Every method is thread-safe.

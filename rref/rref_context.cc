@@ -428,13 +428,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
         return;
       }
       FuturePtr out = self->apply_(value->value(), fn, args, kwargs, autograd_context);
-      out->addCallback([result](c10::ivalue::Future& o) {
-        if (o.hasError()) {
-          result->setError(o.exception_ptr());
-        } else {
-          result->markCompleted(o.value());
-        }
-      });
+      forward_future(out, result);
     });
     return result;
   }
