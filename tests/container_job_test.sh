@@ -38,7 +38,7 @@ start=$SECONDS
 "$image_sh" --binaries="$bins" --tag="$tag" | tail -1
 echo "image built in $((SECONDS - start)) s"
 help=$("${podman[@]}" run --rm "${limits[@]}" "$tag" --help 2>&1 || true)
-echo "$help" | grep -q "drpc_worker --rank=R --world_size=N" || fail "the image's drpc_worker --help: $help"
+[[ "$help" == *"drpc_worker --rank=R --world_size=N"* ]] || fail "the image's drpc_worker --help: $help"
 [ "$("${podman[@]}" run --rm "${limits[@]}" --entrypoint /usr/bin/id "$tag" -u)" = 1000 ] || fail "the image does not run as uid 1000"
 for tool in g++ cc bazel; do
   "${podman[@]}" run --rm "${limits[@]}" --entrypoint /bin/sh "$tag" -c "command -v $tool" >/dev/null && fail "the image holds $tool"
@@ -77,6 +77,11 @@ run_rank() {
 exit_code() {
   timeout "$2" "${podman[@]}" wait "$1" 2>/dev/null || echo timeout
 }
+# logs NAME: the container's output so far. Read whole before grepping: `grep -q` on a pipe
+# closes it at the first match, and podman's SIGPIPE would then fail the pipeline (pipefail).
+logs() {
+  "${podman[@]}" logs "$1" 2>&1 || true
+}
 
 # 1. A whole job: train on 1,024 images, test on 500; every container exits 0.
 start=$SECONDS
@@ -86,9 +91,9 @@ for r in 0 1 2; do
   code=$(exit_code "$label-ok-$r" 150)
   [ "$code" = 0 ] || fail "job 1: worker$r exited $code"
 done
-log=$("${podman[@]}" logs "$label-ok-0" 2>&1)
-echo "$log" | grep -q "epoch 1: train loss [0-9.]*, test accuracy [0-9.]*%" || fail "job 1: no epoch summary"
-echo "$log" | grep "epoch 1:"
+log=$(logs "$label-ok-0")
+[[ "$log" =~ epoch\ 1:\ train\ loss\ [0-9.]+,\ test\ accuracy\ [0-9.]+% ]] || fail "job 1: no epoch summary"
+echo "${BASH_REMATCH[0]}"
 ro=$("${podman[@]}" inspect --format '{{range .Mounts}}{{if eq .Destination "/etc/drpc"}}{{.RW}}{{end}}{{end}}' "$label-ok-1")
 [ "$ro" = false ] || fail "the secrets are mounted read-write ($ro)"
 echo "job 1: 3 containers exited 0 in $((SECONDS - start)) s"
@@ -99,18 +104,19 @@ start=$SECONDS
 port=$(free_port)
 for r in 0 1 2; do run_rank kill "$r" --epochs=1 --limit=60000 --test_limit=500; done
 for _ in $(seq 1 300); do
-  "${podman[@]}" logs "$label-kill-0" 2>&1 | grep -q "step 8/" && break
+  [[ "$(logs "$label-kill-0")" == *"step 8/"* ]] && break
   [ "$("${podman[@]}" inspect --format '{{.State.Running}}' "$label-kill-0")" = true ] || fail "job 2: trainer ended early"
   sleep 0.2
 done
-"${podman[@]}" logs "$label-kill-0" 2>&1 | grep -q "step 8/" || fail "job 2: the trainer made no progress"
+[[ "$(logs "$label-kill-0")" == *"step 8/"* ]] || fail "job 2: the trainer made no progress"
 "${podman[@]}" kill --signal KILL "$label-kill-1" >/dev/null
 killed=$SECONDS
 for r in 0 2; do
   code=$(exit_code "$label-kill-$r" 60)
   [ "$code" != timeout ] || fail "job 2: worker$r still runs 60 s after worker1 was killed"
   [ "$code" != 0 ] || fail "job 2: worker$r exited 0 although worker1 was killed"
-  "${podman[@]}" logs "$label-kill-$r" 2>&1 | grep -q "worker1" || fail "job 2: worker$r's error does not name worker1"
-  echo "job 2: worker$r exited $code $((SECONDS - killed)) s after the kill: $("${podman[@]}" logs "$label-kill-$r" 2>&1 | grep worker1 | tail -1)"
+  out=$(logs "$label-kill-$r")
+  [[ "$out" == *worker1* ]] || fail "job 2: worker$r's error does not name worker1"
+  echo "job 2: worker$r exited $code $((SECONDS - killed)) s after the kill: $(printf '%s\n' "$out" | grep worker1 | tail -1)"
 done
 echo "job 2 took $((SECONDS - start)) s"
