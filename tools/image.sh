@@ -36,21 +36,9 @@ for p in "${programs[@]}"; do
   [ -x "$binaries/$p" ] || { echo "image.sh: $binaries/$p is missing" >&2; exit 1; }
 done
 
-# The runtime packages: those that own the shared libraries the binaries load (so a
-# library added to a BUILD file reaches the image by itself), plus the data set.
-libs=$(for p in "${programs[@]}"; do ldd "$binaries/$p"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u)
-# dpkg knows a library by the path its package installed, which may be the link's target.
-owners=$( (dpkg -S $libs; dpkg -S $(readlink -f $libs)) 2>/dev/null || true)
-owned=$(printf '%s\n' "$owners" | sed 's|^.*/||')  # by file name: ldd says /lib/..., dpkg /usr/lib/...
-for lib in $libs; do
-  printf '%s\n' "$owned" | grep -qxF -e "${lib##*/}" -e "$(basename "$(readlink -f "$lib")")" || {
-    echo "image.sh: no Debian package owns $lib" >&2
-    exit 1
-  }
-done
-packages=$(printf '%s\n' "$owners" | cut -d: -f1 | tr ',' '\n' | sed 's/^ *//' | sort -u | tr '\n' ' ')
-packages="$packages dataset-fashion-mnist"
-packages=$(echo "$packages" | tr ' ' '\n' | grep -v '^$' | grep -v '^libc6$' | sort -u | tr '\n' ',' | sed 's/,$//')
+# The runtime packages: those owning the libraries the binaries load, and the data set.
+libraries=$(tools/image_packages.sh "${programs[@]/#/$binaries/}")
+packages=$(printf '%s\ndataset-fashion-mnist\n' "$libraries" | sort -u | tr '\n' ',' | sed 's/,$//')
 
 # The base's name says what it holds: rebuilt only when the package list or this recipe changes.
 recipe_hash=$( (echo "$packages"; sed -n '/^  # base recipe/,/^  # end of base recipe/p' "$0"; cat tools/image_prune_hook.sh) | sha256sum | cut -c1-12)
