@@ -448,6 +448,11 @@ TEST(ProcessGroupAgent, MetricsCountAKnownSequenceOfCallsExactly) {
     for (auto& f : held.replies) f->markCompleted(message_to_ivalue(Message{kHold, "", {}}));
   }
   open->wait();
+  // w1 counts a request as served once its reply is sent, which may be after the caller
+  // has it; a job-wide join returns only when every worker has served everything.
+  std::thread join0([&] { agents[0].join(); });
+  agents[1].join();
+  join0.join();
   s0 = m0.snapshot();
   s1 = m1.snapshot();
   EXPECT_EQ(s0.in_flight_sent, 0);
