@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 
+#include "common/executor.h"
 #include "common/logging.h"
 
 #include "process_group/grpc_process_group.h"
@@ -202,8 +203,9 @@ class RuntimeImpl final : public Runtime {
     metrics_ = std::make_unique<Metrics>(name, rank, names);
     log_tag_ = make_log_tag(name, rank);
     agent_->set_instruments(metrics_.get(), tracer_.get());
+    executor_ = create_thread_executor(log_tag_);
     rref_ = create_rref_context(
-        *agent_,
+        *agent_, *executor_,
         [this](const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs, int64_t autograd_context) {
           CurrentRuntime current(this);
           CurrentAutogradContext in_context(*autograd_, autograd_context);
@@ -215,7 +217,7 @@ class RuntimeImpl final : public Runtime {
           CurrentAutogradContext in_context(*autograd_, autograd_context);
           return apply(value, fn, std::move(args), std::move(kwargs));
         });
-    autograd_ = create_autograd_container(*agent_, options.autograd_context_ttl);
+    autograd_ = create_autograd_container(*agent_, *executor_, options.autograd_context_ttl);
     optimizers_ = create_optimizer_host(*autograd_, functions_);
     agent_->register_handler(kCallRequest,
                              [this](const WorkerInfo& from, Message request) { return serve_call(from, request); });
@@ -309,6 +311,7 @@ class RuntimeImpl final : public Runtime {
     agent_->shutdown(false);  // the job was joined above (or could not be)
     LOG(INFO) << summary_line(metrics());
     rref_->shutdown();
+    executor_->close();
     group_->shutdown();
     if (store_server_) store_server_->shutdown();
   }
@@ -413,6 +416,8 @@ class RuntimeImpl final : public Runtime {
   std::unique_ptr<Metrics> metrics_;
   std::shared_ptr<Tracer> tracer_ = std::make_shared<Tracer>();
   std::string log_tag_;
+  // The worker's timers and deferred work; before the layers that use it.
+  std::unique_ptr<Executor> executor_;
   std::unique_ptr<RpcAgent> agent_;
   std::shared_ptr<RRefContext> rref_;  // destroyed before the agent it registered with
   std::shared_ptr<AutogradContainer> autograd_;

@@ -6,8 +6,6 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <thread>
 #include <map>
 #include <mutex>
 #include <set>
@@ -24,7 +22,10 @@ using torch::autograd::Edge;
 using torch::autograd::Node;
 using torch::autograd::variable_list;
 
-thread_local int64_t tls_context = -1;
+// Each thread's current context, per container: several runtimes (each with its own
+// container) may live in one process, and a thread may work for more than one of them.
+thread_local std::unordered_map<uint64_t, int64_t> tls_contexts;
+std::atomic<uint64_t> next_container_serial{1};
 
 // On the sender: its next edges lead to the tensors that were sent.
 struct SendRpcBackward : Node {
@@ -43,7 +44,7 @@ struct RecvRpcBackward : Node {
 };
 
 struct Context {
-  std::atomic<int64_t> last_used_ns{0};  // steady clock; for reclaiming orphans
+  std::atomic<int64_t> last_used_ns{0};  // the executor's clock; for reclaiming orphans
   std::mutex mu;
   std::map<int64_t, std::shared_ptr<SendRpcBackward>> sends;
   std::map<int64_t, std::shared_ptr<RecvRpcBackward>> recvs;
@@ -53,15 +54,14 @@ struct Context {
 
 class Container final : public AutogradContainer, public std::enable_shared_from_this<Container> {
  public:
-  Container(RpcAgent& agent, std::chrono::milliseconds orphan_ttl) : agent_(agent), orphan_ttl_(orphan_ttl) {}
+  Container(RpcAgent& agent, Executor& executor, std::chrono::milliseconds orphan_ttl)
+      : agent_(agent), executor_(executor), orphan_ttl_(orphan_ttl) {}
 
   ~Container() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    reaper_cv_.notify_all();
-    if (reaper_.joinable()) reaper_.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    executor_.cancel(reap_timer_);
+    tls_contexts.erase(serial_);
   }
 
   void install() {
@@ -77,7 +77,8 @@ class Container final : public AutogradContainer, public std::enable_shared_from
     agent_.add_peer_failure_listener([weak](const WorkerInfo& peer, const Error&) {
       if (auto container = weak.lock()) container->reclaim_contexts_of(peer);
     });
-    reaper_ = std::thread([this] { reap_orphans(); });
+    std::lock_guard<std::mutex> lock(mu_);
+    schedule_reap_locked();
   }
 
   int64_t new_context() override {
@@ -98,8 +99,14 @@ class Container final : public AutogradContainer, public std::enable_shared_from
     return static_cast<int64_t>(contexts_.size());
   }
 
-  int64_t current_context() override { return tls_context; }
-  void set_current_context(int64_t context_id) override { tls_context = context_id; }
+  int64_t current_context() override { return thread_context(); }
+  void set_current_context(int64_t context_id) override {
+    if (context_id < 0) {
+      tls_contexts.erase(serial_);
+    } else {
+      tls_contexts[serial_] = context_id;
+    }
+  }
 
   void backward(int64_t context_id, const std::vector<at::Tensor>& roots, bool retain_graph) override {
     (void)retain_graph;  // the graph is always kept: other workers' passes may revisit it
@@ -139,7 +146,7 @@ class Container final : public AutogradContainer, public std::enable_shared_from
  private:
   // --- recording ---------------------------------------------------------------------
   void on_send(const WorkerInfo& to, Message& m) {
-    const int64_t context_id = m.autograd_context >= 0 ? m.autograd_context : tls_context;
+    const int64_t context_id = m.autograd_context >= 0 ? m.autograd_context : thread_context();
     m.autograd_context = -1;
     if (context_id < 0) return;
     bool any = false;
@@ -367,9 +374,16 @@ class Container final : public AutogradContainer, public std::enable_shared_from
     return slot;
   }
 
-  static void touch(Context& context) {
-    context.last_used_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+  int64_t thread_context() const {
+    auto it = tls_contexts.find(serial_);
+    return it == tls_contexts.end() ? -1 : it->second;
   }
+
+  int64_t now_ns() const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(executor_.now().time_since_epoch()).count();
+  }
+
+  void touch(Context& context) const { context.last_used_ns = now_ns(); }
 
   // Contexts `creator` made can never be released by it now: drop them here at once
   // (a backward still running in one keeps it alive until it ends).
@@ -393,42 +407,52 @@ class Container final : public AutogradContainer, public std::enable_shared_from
   }
 
   // Contexts created elsewhere and unused for orphan_ttl_ are dropped: a safety net for
-  // creators that vanish without this worker noticing.
+  // creators that vanish without this worker noticing. Checked every quarter TTL.
+  void schedule_reap_locked() {
+    if (stopping_) return;
+    std::weak_ptr<Container> weak = shared_from_this();
+    reap_timer_ = executor_.run_after(std::max(orphan_ttl_ / 4, std::chrono::milliseconds(1)), [weak] {
+      if (auto container = weak.lock()) container->reap_orphans();
+    });
+  }
+
   void reap_orphans() {
-    const auto period = std::max(orphan_ttl_ / 4, std::chrono::milliseconds(1));
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!reaper_cv_.wait_for(lock, period, [&] { return stopping_; })) {
-      const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
-      const int64_t ttl = std::chrono::duration_cast<std::chrono::nanoseconds>(orphan_ttl_).count();
-      for (auto it = contexts_.begin(); it != contexts_.end();) {
-        const bool foreign = (it->first >> 48) != agent_.self().id;
-        if (foreign && now - it->second->last_used_ns.load() > ttl) {
-          LOG(WARNING) << agent_.self().name << ": reclaimed autograd context " << it->first
-                       << " (unused for " << orphan_ttl_.count() << " ms)";
-          it = contexts_.erase(it);
-        } else {
-          ++it;
-        }
+    std::vector<std::shared_ptr<Context>> dropped;  // freed outside the lock
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t now = now_ns();
+    const int64_t ttl = std::chrono::duration_cast<std::chrono::nanoseconds>(orphan_ttl_).count();
+    for (auto it = contexts_.begin(); it != contexts_.end();) {
+      const bool foreign = (it->first >> 48) != agent_.self().id;
+      if (foreign && now - it->second->last_used_ns.load() > ttl) {
+        LOG(WARNING) << agent_.self().name << ": reclaimed autograd context " << it->first << " (unused for "
+                     << orphan_ttl_.count() << " ms)";
+        dropped.push_back(std::move(it->second));
+        it = contexts_.erase(it);
+      } else {
+        ++it;
       }
     }
+    schedule_reap_locked();
   }
 
   RpcAgent& agent_;
+  Executor& executor_;
   const std::chrono::milliseconds orphan_ttl_;
+  const uint64_t serial_ = next_container_serial.fetch_add(1);
   std::atomic<int64_t> next_context_{0};
   std::atomic<int64_t> next_message_{0};
-  std::thread reaper_;
   std::mutex mu_;
-  std::condition_variable reaper_cv_;
   // Guarded by mu_.
   std::map<int64_t, std::shared_ptr<Context>> contexts_;
+  Executor::TimerId reap_timer_ = 0;
   bool stopping_ = false;
 };
 
 }  // namespace
 
-std::shared_ptr<AutogradContainer> create_autograd_container(RpcAgent& agent, std::chrono::milliseconds orphan_ttl) {
-  auto container = std::make_shared<Container>(agent, orphan_ttl);
+std::shared_ptr<AutogradContainer> create_autograd_container(RpcAgent& agent, Executor& executor,
+                                                             std::chrono::milliseconds orphan_ttl) {
+  auto container = std::make_shared<Container>(agent, executor, orphan_ttl);
   container->install();
   return container;
 }

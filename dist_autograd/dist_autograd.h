@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/executor.h"
 #include "rpc/rpc_agent.h"
 
 namespace drpc {
@@ -51,9 +52,10 @@ class AutogradContainer {
 };
 
 // Registers its handlers and interceptor on `agent` (borrowed; must outlive it; before
-// agent.start()). A context another worker created that sees no use for `orphan_ttl` is
-// reclaimed (its creator died or forgot to release it).
+// agent.start()). A context another worker created that sees no use for `orphan_ttl` on
+// `executor`'s clock is reclaimed (its creator died or forgot to release it); the check
+// runs on `executor` (borrowed; must outlive the container).
 std::shared_ptr<AutogradContainer> create_autograd_container(
-    RpcAgent& agent, std::chrono::milliseconds orphan_ttl = std::chrono::minutes(30));
+    RpcAgent& agent, Executor& executor, std::chrono::milliseconds orphan_ttl = std::chrono::minutes(30));
 
 }  // namespace drpc

@@ -100,8 +100,9 @@ World::World(Recorder recorder) : arrivals_(std::make_shared<Arrivals>()) {
             arrivals->cv.notify_all();
           }});
     }
-    w.rref = create_rref_context(*w.agent, run, apply);
-    w.autograd = create_autograd_container(*w.agent);
+    w.executor = create_thread_executor("[worker" + std::to_string(r) + "/" + std::to_string(r) + "]");
+    w.rref = create_rref_context(*w.agent, *w.executor, run, apply);
+    w.autograd = create_autograd_container(*w.agent, *w.executor);
   }
   for (auto& w : workers_) w.agent->start();
 }

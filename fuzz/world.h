@@ -54,6 +54,7 @@ class World {
 
  private:
   struct Worker {
+    std::unique_ptr<Executor> executor;  // outlives the layers below, which use it
     std::unique_ptr<RpcAgent> agent;
     std::shared_ptr<RRefContext> rref;
     std::shared_ptr<AutogradContainer> autograd;

@@ -7,7 +7,6 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <thread>
 
 #include "rref/proto/rref.pb.h"
 
@@ -199,8 +198,13 @@ class UserRRef final : public RRefImpl {
 
 class ContextImpl final : public RRefContext, public std::enable_shared_from_this<ContextImpl> {
  public:
-  ContextImpl(RpcAgent& agent, Run run, Apply apply, const RRefOptions& options)
-      : agent_(agent), run_(std::move(run)), apply_(std::move(apply)), options_(options) {}
+  ContextImpl(RpcAgent& agent, Executor& executor, Run run, Apply apply, const RRefOptions& options)
+      : agent_(agent),
+        executor_(executor),
+        control_sends_(executor),
+        run_(std::move(run)),
+        apply_(std::move(apply)),
+        options_(options) {}
 
   ~ContextImpl() override { shutdown(); }
 
@@ -220,7 +224,6 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     agent_.add_peer_failure_listener([this](const WorkerInfo& peer, const Error& reason) {
       on_peer_failed(peer, reason);
     });
-    retry_thread_ = std::thread([this] { retry_loop(); });
   }
 
   // --- RRefContext ----------------------------------------------------------------------
@@ -324,7 +327,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
       stopped_ = true;
-      retries_.clear();
+      waiting_controls_.clear();
       // Owner records and the replies waiting on their values refer back to this
       // context: break those cycles, or the context and every value it owns would
       // outlive the runtime.
@@ -335,7 +338,6 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
       }
     }
     changed_.notify_all();
-    if (retry_thread_.joinable()) retry_thread_.join();
     const auto stopped = std::make_exception_ptr(Error(ErrorKind::kShutdown, self().name + " has shut down"));
     for (auto& owner : unresolved) owner->set_error(stopped);
   }
@@ -784,10 +786,10 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
       for (auto it = fork_parents_.begin(); it != fork_parents_.end();) {
         it = it->second == peer.id ? fork_parents_.erase(it) : std::next(it);
       }
-      for (auto it = retries_.begin(); it != retries_.end();) {
+      for (auto it = waiting_controls_.begin(); it != waiting_controls_.end();) {
         if (it->second.to == peer.id) {
           --controls_in_flight_;
-          it = retries_.erase(it);
+          it = waiting_controls_.erase(it);
         } else {
           ++it;
         }
@@ -941,37 +943,47 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
 
   // Control messages are idempotent: sent with a deadline and retried with backoff.
   struct Control {
-    int to;
-    int32_t type;
+    int to = -1;
+    int32_t type = 0;
     Id rref, fork;
-    int attempt;
+    int attempt = 0;
   };
 
   void send_control_locked(int to, int32_t type, const Id& rref, const Id& fork) {
-    if (failed_workers_.count(to)) return;  // nobody there to tell
+    if (failed_workers_.count(to) || stopped_) return;  // nobody there to tell
     ++controls_in_flight_;
-    retries_.emplace(Clock::now(), Control{to, type, rref, fork, 0});
-    changed_.notify_all();
+    schedule_control_locked(Control{to, type, rref, fork, 0}, milliseconds(0));
   }
 
-  void retry_loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stopped_) {
-      if (retries_.empty()) {
-        changed_.wait(lock);
-        continue;
-      }
-      auto next = retries_.begin();
-      if (Clock::now() < next->first) {
-        changed_.wait_until(lock, next->first);
-        continue;
-      }
-      Control c = next->second;
-      retries_.erase(next);
-      lock.unlock();
-      send_control(c);
-      lock.lock();
+  // Every attempt is sent from one strand, so first attempts leave in the order the
+  // protocol made them; a retry waits on the executor's clock first. The control waits in
+  // waiting_controls_ until then, where a peer's failure or shutdown can withdraw it.
+  void schedule_control_locked(Control c, milliseconds delay) {
+    const int64_t key = ++last_waiting_control_;
+    waiting_controls_.emplace(key, c);
+    std::weak_ptr<ContextImpl> weak = weak_from_this();
+    auto send = [weak, key] {
+      if (auto self = weak.lock()) self->send_waiting_control(key);
+    };
+    if (delay.count() == 0) {
+      control_sends_.post(std::move(send));
+    } else {
+      executor_.run_after(delay, [weak, send = std::move(send)]() mutable {
+        if (auto self = weak.lock()) self->control_sends_.post(std::move(send));
+      });
     }
+  }
+
+  void send_waiting_control(int64_t key) {
+    Control c;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = waiting_controls_.find(key);
+      if (it == waiting_controls_.end() || stopped_) return;  // withdrawn
+      c = it->second;
+      waiting_controls_.erase(it);
+    }
+    send_control(c);
   }
 
   void send_control(Control c) {
@@ -1007,8 +1019,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
         }
         if (retry) {
           ++c.attempt;
-          retries_.emplace(Clock::now() + milliseconds(20) * (1 << std::min(c.attempt, 8)), c);
-          changed_.notify_all();
+          schedule_control_locked(c, milliseconds(20) * (1 << std::min(c.attempt, 8)));
           return;
         }
       }
@@ -1048,11 +1059,12 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
   }
 
   RpcAgent& agent_;
+  Executor& executor_;
+  Strand control_sends_;
   const Run run_;
   const Apply apply_;
   const RRefOptions options_;
   std::atomic<int64_t> next_local_{0};
-  std::thread retry_thread_;
   std::mutex remote_mu_;  // orders remote calls' ids with their sending
 
   std::mutex mu_;
@@ -1079,7 +1091,8 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
   std::map<Id, int> fork_parents_;                                  // received fork -> who shared it
   std::set<Id> placeholders_;            // records made by requests that overtook their remote call
   std::map<int, int64_t> latest_remote_call_;  // creator -> highest id of its remote calls here
-  std::multimap<Clock::time_point, Control> retries_;
+  std::map<int64_t, Control> waiting_controls_;  // by key: controls waiting for their next attempt
+  int64_t last_waiting_control_ = 0;
   int64_t controls_in_flight_ = 0;
   int64_t live_owner_values_ = 0;
   bool stopped_ = false;
@@ -1145,9 +1158,9 @@ RRef UserRRef::remote_on_owner(const std::string& fn, std::vector<c10::IValue> a
 
 }  // namespace
 
-std::shared_ptr<RRefContext> create_rref_context(RpcAgent& agent, RRefContext::Run run, RRefContext::Apply apply,
-                                                 const RRefOptions& options) {
-  auto context = std::make_shared<ContextImpl>(agent, std::move(run), std::move(apply), options);
+std::shared_ptr<RRefContext> create_rref_context(RpcAgent& agent, Executor& executor, RRefContext::Run run,
+                                                 RRefContext::Apply apply, const RRefOptions& options) {
+  auto context = std::make_shared<ContextImpl>(agent, executor, std::move(run), std::move(apply), options);
   context->install();
   return context;
 }

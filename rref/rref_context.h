@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/executor.h"
 #include "rpc/rpc_agent.h"
 #include "rpc/value_codec.h"
 #include "rref/rref.h"
@@ -69,8 +70,10 @@ struct RRefOptions {
 };
 
 // `agent` is borrowed and must outlive the context; the context registers its handlers
-// on it (before agent.start()). Shared: RRef handles keep a weak reference to it.
-std::shared_ptr<RRefContext> create_rref_context(RpcAgent& agent, RRefContext::Run run, RRefContext::Apply apply,
-                                                 const RRefOptions& options = {});
+// on it (before agent.start()). Control messages are sent, and retried on its clock, from
+// `executor` (borrowed; must outlive the context or at least its shutdown()). Shared: RRef
+// handles keep a weak reference to it.
+std::shared_ptr<RRefContext> create_rref_context(RpcAgent& agent, Executor& executor, RRefContext::Run run,
+                                                 RRefContext::Apply apply, const RRefOptions& options = {});
 
 }  // namespace drpc

@@ -6,6 +6,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <map>
+#include <mutex>
 #include <thread>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
@@ -33,6 +35,16 @@ DRPC_REGISTER_FUNCTION("ag.relay", [](std::vector<std::string> route, at::Tensor
 DRPC_REGISTER_FUNCTION("ag.layer", [](at::Tensor w, at::Tensor x) { return (w * x).tanh(); });
 DRPC_REGISTER_FUNCTION("ag.make_weight", [](int64_t seed) {
   return RRef::make_local(at::randn({4}, at::detail::createCPUGenerator(seed)).set_requires_grad(true)).to_ivalue();
+});
+// An RRef to the one weight of `seed` on this process's owner: every caller's RRef
+// refers to the same tensor (the runtimes of a test job share the process).
+DRPC_REGISTER_FUNCTION("ag.shared_weight", [](int64_t seed) {
+  static std::mutex mu;
+  static auto* weights = new std::map<int64_t, at::Tensor>();  // never freed: outlives libtorch's teardown
+  std::lock_guard<std::mutex> lock(mu);
+  auto& w = (*weights)[seed];
+  if (!w.defined()) w = at::randn({4}, at::detail::createCPUGenerator(seed)).set_requires_grad(true);
+  return RRef::make_local(w).to_ivalue();
 });
 DRPC_REGISTER_FUNCTION("ag.throw_in_backward", [](at::Tensor x) {
   // Differentiable forward whose backward raises: a hook on the result's gradient.
@@ -379,8 +391,11 @@ TEST_F(DistAutogradTest, OwnerSideGraphWithParameterAndReceivedInput) {
 
 TEST_F(DistAutogradTest, TwoConcurrentContextsOnOneParameterServer) {
   Job& job = *job_;
-  RRef w = RRef::from_ivalue(job[0].rpc_sync("worker2", "ag.make_weight", {int64_t{40}}));
-  at::Tensor w_value = w.to_here().toTensor();
+  // Each trainer's RRef belongs to its own worker; both refer to one tensor on worker2.
+  std::vector<RRef> w;
+  for (int t = 0; t < 2; ++t) w.push_back(RRef::from_ivalue(job[t].rpc_sync("worker2", "ag.shared_weight", {int64_t{40}})));
+  at::Tensor w_value = w[0].to_here().toTensor();
+  ASSERT_TRUE(at::equal(w[1].to_here().toTensor(), w_value));
   std::vector<at::Tensor> inputs = {at::full({4}, 0.5), at::full({4}, -2.0)};
   std::vector<at::Tensor> owner_grads(2);
   std::vector<std::thread> trainers;
@@ -388,7 +403,7 @@ TEST_F(DistAutogradTest, TwoConcurrentContextsOnOneParameterServer) {
     trainers.emplace_back([&, t] {
       dist_autograd::Context ctx(job[t]);  // trainers on worker0 and worker1 at once
       for (int i = 0; i < 5; ++i) {
-        at::Tensor y = RRef(w).rpc_sync("ag.layer", {inputs[t]}).toTensor();
+        at::Tensor y = w[t].rpc_sync("ag.layer", {inputs[t]}).toTensor();
         job[t].autograd().backward(ctx.id(), {y.sum()}, false);
       }
       owner_grads[t] = job[2].autograd().gradients(ctx.id()).begin()->value().clone();

@@ -1,0 +1,131 @@
+// The RRef protocol's control channel on two real agents over in-memory process groups,
+// with time on a manual executor: a lost delete is retried with exponential backoff, a
+// retry never goes to a peer that is gone, retries end after control_attempts and at
+// shutdown. Deterministic: no retry can fire before the test moves the clock.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+
+#include "common/manual_executor.h"
+#include "rpc/faulty_agent.h"
+#include "rpc/in_memory_agents.h"
+#include "rref/rref_context.h"
+
+namespace drpc {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class RRefControlTest : public ::testing::Test {
+ protected:
+  // worker0's agent drops its first `lost_deletes` user deletes (as lost on the way).
+  void start(int lost_deletes, int attempts = 10) {
+    Faults faults;
+    faults.drop[kRRefUserDelete] = lost_deletes;
+    agents_.agents[0] = create_faulty_agent(std::move(agents_.agents[0]), faults);
+    RRefOptions options;
+    options.control_attempts = attempts;
+    for (int r = 0; r < 2; ++r) {
+      auto run = [](const std::string&, std::vector<c10::IValue> args, Kwargs, int64_t) {
+        auto future = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+        future->markCompleted(c10::IValue(args.at(0).toTensor() * 2));
+        return future;
+      };
+      auto apply = [](const c10::IValue&, const std::string&, std::vector<c10::IValue>, Kwargs, int64_t) -> FuturePtr {
+        throw Error(ErrorKind::kBadArgument, "no methods here");
+      };
+      contexts_[r] = create_rref_context(agents_[r], executors_[r], run, apply, options);
+    }
+    // Counts the deletes that really leave worker0 (a dropped one never reaches its agent).
+    agents_[0].add_interceptor(RpcAgent::Interceptor{
+        [this](const WorkerInfo&, Message& m) {
+          if (m.type == kRRefUserDelete) ++deletes_sent_;
+        },
+        nullptr});
+    agents_[0].add_peer_failure_listener([this](const WorkerInfo& peer, const Error&) {
+      if (peer.id == 1 && !worker1_told_.exchange(true)) worker1_lost_.set_value();
+    });
+    agents_.start();
+  }
+
+  // An RRef owned by worker1, used on worker0 and then dropped there: its delete is queued.
+  void use_and_drop_a_remote_value() {
+    RRef rref = contexts_[0]->remote(agents_[0].worker(1), "double", {at::ones({2})}, {}, milliseconds(10000));
+    EXPECT_TRUE(at::equal(rref.to_here().toTensor(), at::full({2}, 2.0)));
+    contexts_[0]->confirmations({rref.to_ivalue()})->wait();
+    EXPECT_EQ(contexts_[1]->counts().owners, 1);
+  }
+
+  ~RRefControlTest() override {
+    for (auto& c : contexts_) {
+      if (c) c->shutdown();
+    }
+  }
+
+  ManualExecutor executors_[2];
+  InMemoryAgents agents_{2};
+  std::shared_ptr<RRefContext> contexts_[2];
+  std::atomic<int> deletes_sent_{0};
+  std::atomic<bool> worker1_told_{false};
+  std::promise<void> worker1_lost_;  // worker0's agent told its listeners that worker1 is gone
+};
+
+TEST_F(RRefControlTest, ALostDeleteIsRetriedWithExponentialBackoffOnTheExecutorsClock) {
+  start(/*lost_deletes=*/2);
+  use_and_drop_a_remote_value();
+  executors_[0].run_pending();  // the first attempt: lost
+  EXPECT_EQ(deletes_sent_.load(), 0);
+  EXPECT_EQ(executors_[0].advance(milliseconds(39)), 0);  // the first retry waits 40 ms
+  EXPECT_EQ(executors_[0].advance(milliseconds(1)), 1);   // lost again
+  EXPECT_EQ(executors_[0].advance(milliseconds(79)), 0);  // the second waits 80 ms
+  EXPECT_EQ(deletes_sent_.load(), 0);
+  EXPECT_EQ(executors_[0].advance(milliseconds(1)), 1);
+  EXPECT_EQ(deletes_sent_.load(), 1);
+  contexts_[0]->release_all(seconds(10));  // returns once the owner acknowledged it
+  EXPECT_EQ(contexts_[1]->counts().owners, 0);
+  EXPECT_EQ(executors_[0].timers(), 0u);
+}
+
+TEST_F(RRefControlTest, RetriesEndAfterControlAttemptsAndTheOwnerReportsTheLeak) {
+  start(/*lost_deletes=*/100, /*attempts=*/3);
+  use_and_drop_a_remote_value();
+  executors_[0].run_pending();
+  EXPECT_EQ(executors_[0].advance(seconds(60)), 2);  // attempts 2 and 3, then it gives up
+  EXPECT_EQ(executors_[0].timers(), 0u);
+  EXPECT_EQ(deletes_sent_.load(), 0);
+  contexts_[0]->release_all(seconds(10));  // nothing left in flight: at once
+  EXPECT_EQ(contexts_[1]->counts().owners, 1);
+  ASSERT_EQ(contexts_[1]->leaks().size(), 1u);
+}
+
+TEST_F(RRefControlTest, RetriesToAPeerThatIsGoneAreWithdrawn) {
+  start(/*lost_deletes=*/100);
+  use_and_drop_a_remote_value();
+  executors_[0].run_pending();
+  ASSERT_EQ(executors_[0].timers(), 1u);  // the first retry waits
+  agents_.groups[1]->shutdown();           // the owner goes
+  ASSERT_EQ(worker1_lost_.get_future().wait_for(seconds(10)), std::future_status::ready);
+  EXPECT_EQ(executors_[0].advance(seconds(60)), 1);  // its timer finds nothing to send
+  EXPECT_EQ(executors_[0].timers(), 0u);
+  contexts_[0]->release_all(seconds(10));  // and nothing is left in flight
+  EXPECT_EQ(deletes_sent_.load(), 0);
+}
+
+TEST_F(RRefControlTest, ShutdownStopsRetrying) {
+  start(/*lost_deletes=*/1);
+  use_and_drop_a_remote_value();
+  executors_[0].run_pending();
+  contexts_[0]->shutdown();
+  executors_[0].advance(seconds(60));
+  EXPECT_EQ(deletes_sent_.load(), 0);
+  EXPECT_EQ(contexts_[1]->counts().owners, 1);
+}
+
+}  // namespace
+}  // namespace drpc
