@@ -54,6 +54,17 @@ std::map<std::string, BackendFactory>& backends() {
   return registry;
 }
 
+SecurityOptions security_options(const Options& options) {
+  SecurityOptions security;
+  security.token = options.token;
+  security.tls_cert_file = options.tls_cert_file;
+  security.tls_key_file = options.tls_key_file;
+  security.tls_ca_file = options.tls_ca_file;
+  security.tls_server_name = options.tls_server_name;
+  security.tls();  // all TLS files or none
+  return security;
+}
+
 void check_name(const std::string& name) {
   if (name.empty() || name.size() >= 128) {
     throw Error(ErrorKind::kBadArgument, "worker name '" + name + "' must have 1 to 127 characters");
@@ -122,13 +133,7 @@ class RuntimeImpl final : public Runtime {
       throw Error(ErrorKind::kBadArgument, "rank " + std::to_string(rank) + " is out of range for world size " +
                                                std::to_string(world_size));
     }
-    SecurityOptions security;
-    security.token = options.token;
-    security.tls_cert_file = options.tls_cert_file;
-    security.tls_key_file = options.tls_key_file;
-    security.tls_ca_file = options.tls_ca_file;
-    security.tls_server_name = options.tls_server_name;
-    security.tls();  // all TLS files or none
+    const SecurityOptions security = security_options(options);
     Store* store = options.store;
     if (!store) {
       if (rank == 0 && options.host_store) {
@@ -177,18 +182,12 @@ class RuntimeImpl final : public Runtime {
     }
     user_store_ = create_prefix_store("user", *store);
     auto pg_store = create_prefix_store("pg", *store);
-    GrpcProcessGroupOptions pg;
-    pg.listen_host = options.listen_host;
-    pg.advertise_host = options.advertise_host;
-    if (pg.advertise_host.empty() && (pg.listen_host == "0.0.0.0" || pg.listen_host == "::")) {
-      throw Error(ErrorKind::kBadArgument, "listening on " + pg.listen_host +
-                                               " needs an address peers can dial (Options::advertise_host)");
+    const ProcessGroupFactory make_group = options.process_group ? options.process_group : grpc_process_group_factory();
+    group_ = make_group(*pg_store, rank, world_size, options);
+    if (!group_ || group_->rank() != rank || group_->size() != world_size) {
+      throw Error(ErrorKind::kBadArgument, "the process group factory made no group of rank " + std::to_string(rank) +
+                                               " in a world of " + std::to_string(world_size));
     }
-    pg.timeout = options.init_timeout;
-    pg.security = security;
-    pg.heartbeat_interval = options.heartbeat_interval;
-    pg.heartbeat_misses = options.heartbeat_misses;
-    group_ = create_grpc_process_group(*pg_store, rank, world_size, pg);
     for (const auto& [script, path] : options.scripts) functions_.load_script(script, path);
     BackendFactory factory;
     {
@@ -427,6 +426,23 @@ class RuntimeImpl final : public Runtime {
 };
 
 }  // namespace
+
+ProcessGroupFactory grpc_process_group_factory() {
+  return [](Store& store, int rank, int world_size, const Options& options) {
+    GrpcProcessGroupOptions pg;
+    pg.listen_host = options.listen_host;
+    pg.advertise_host = options.advertise_host;
+    if (pg.advertise_host.empty() && (pg.listen_host == "0.0.0.0" || pg.listen_host == "::")) {
+      throw Error(ErrorKind::kBadArgument, "listening on " + pg.listen_host +
+                                               " needs an address peers can dial (Options::advertise_host)");
+    }
+    pg.timeout = options.init_timeout;
+    pg.security = security_options(options);
+    pg.heartbeat_interval = options.heartbeat_interval;
+    pg.heartbeat_misses = options.heartbeat_misses;
+    return create_grpc_process_group(store, rank, world_size, pg);
+  };
+}
 
 void register_backend(const std::string& name, BackendFactory factory) {
   std::lock_guard<std::mutex> lock(backends_mu());

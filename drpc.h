@@ -30,6 +30,16 @@ using RpcError = Error;
 // Pass as a timeout to use the job's default (Options::rpc_timeout); 0 means no deadline.
 constexpr std::chrono::milliseconds kDefaultTimeout{-1};
 
+struct Options;
+// Builds one worker's process group, rendezvousing through `store` (the job's store under
+// a prefix of the group's own; only used during the call). Returns once every peer is
+// connected; throws drpc::Error as create_grpc_process_group does.
+using ProcessGroupFactory = std::function<std::unique_ptr<ProcessGroup>(Store& store, int rank, int world_size,
+                                                                        const Options& options)>;
+// The default: the gRPC process group configured by Options' addresses, init_timeout,
+// token, TLS and heartbeat fields.
+ProcessGroupFactory grpc_process_group_factory();
+
 struct Options {
   std::string master_addr = "127.0.0.1";  // where the store is served
   int master_port = 29500;
@@ -55,6 +65,10 @@ struct Options {
   std::vector<std::pair<std::string, std::string>> scripts;  // TorchScript to host: name, path
   // Autograd contexts created by another worker and unused this long are reclaimed.
   std::chrono::milliseconds autograd_context_ttl{std::chrono::minutes(30)};
+  // The process group under the agent (empty: grpc_process_group_factory()). Tests pass
+  // one that hands out in-memory groups (testing::Job's Network::kInMemory), so every
+  // layer above runs as composed here, without sockets.
+  ProcessGroupFactory process_group;
 };
 
 // Builds an RpcAgent over a job's process group (see register_backend).

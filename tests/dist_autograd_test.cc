@@ -83,24 +83,17 @@ at::Tensor grad_of(const c10::Dict<at::Tensor, at::Tensor>& grads, const at::Ten
   return it == grads.end() ? at::Tensor() : it->value();
 }
 
-class DistAutogradTest : public ::testing::Test {
+class DistAutogradTest : public testing::JobOnEveryNetwork<3> {
  protected:
-  static void SetUpTestSuite() { job_ = new Job(3); }
-  static void TearDownTestSuite() {
-    delete job_;
-    job_ = nullptr;
-  }
   // Every test leaves no context behind on any worker.
   void TearDown() override {
     for (int r = 0; r < job_->size(); ++r) {
       EXPECT_EQ((*job_)[r].autograd().num_contexts(), 0) << "worker" << r;
     }
   }
-  static Job* job_;
 };
-Job* DistAutogradTest::job_ = nullptr;
 
-TEST_F(DistAutogradTest, ChainAcrossTwoWorkersMatchesLocal) {
+TEST_P(DistAutogradTest, ChainAcrossTwoWorkersMatchesLocal) {
   Job& job = *job_;
   at::Tensor x = leaf(1);
   at::Tensor local_grad;
@@ -120,7 +113,7 @@ TEST_F(DistAutogradTest, ChainAcrossTwoWorkersMatchesLocal) {
   EXPECT_FALSE(x.grad().defined());  // gradients go to the context, not to .grad
 }
 
-TEST_F(DistAutogradTest, ThreeHopCycleMatchesLocal) {
+TEST_P(DistAutogradTest, ThreeHopCycleMatchesLocal) {
   Job& job = *job_;
   at::Tensor x = leaf(2);
   at::Tensor x2 = x.detach().clone().set_requires_grad(true);
@@ -135,7 +128,7 @@ TEST_F(DistAutogradTest, ThreeHopCycleMatchesLocal) {
   EXPECT_TRUE(at::allclose(grad_of(job[0].autograd().gradients(ctx.id()), x), x2.grad(), 1e-5, 1e-6));
 }
 
-TEST_F(DistAutogradTest, DiamondAndATensorSentTwice) {
+TEST_P(DistAutogradTest, DiamondAndATensorSentTwice) {
   Job& job = *job_;
   at::Tensor x = leaf(3);
   at::Tensor x2 = x.detach().clone().set_requires_grad(true);
@@ -148,7 +141,7 @@ TEST_F(DistAutogradTest, DiamondAndATensorSentTwice) {
   EXPECT_TRUE(at::allclose(grad_of(job[0].autograd().gradients(ctx.id()), x), x2.grad(), 1e-5, 1e-6));
 }
 
-TEST_F(DistAutogradTest, RetainGraphAllowsASecondBackwardThatAccumulates) {
+TEST_P(DistAutogradTest, RetainGraphAllowsASecondBackwardThatAccumulates) {
   Job& job = *job_;
   at::Tensor x = leaf(4);
   dist_autograd::Context ctx(job[0]);
@@ -159,7 +152,7 @@ TEST_F(DistAutogradTest, RetainGraphAllowsASecondBackwardThatAccumulates) {
   EXPECT_TRUE(at::allclose(grad_of(job[0].autograd().gradients(ctx.id()), x), once * 2, 1e-5, 1e-6));
 }
 
-TEST_F(DistAutogradTest, ConcurrentContextsDoNotMix) {
+TEST_P(DistAutogradTest, ConcurrentContextsDoNotMix) {
   Job& job = *job_;
   at::Tensor x = leaf(5);
   dist_autograd::Context outer(job[0]);
@@ -176,7 +169,7 @@ TEST_F(DistAutogradTest, ConcurrentContextsDoNotMix) {
   EXPECT_TRUE(at::allclose(grad_of(job[0].autograd().gradients(first), x), 1.0 + x.detach().cos(), 1e-5, 1e-6));
 }
 
-TEST_F(DistAutogradTest, ContextsAreReleasedEverywhere) {
+TEST_P(DistAutogradTest, ContextsAreReleasedEverywhere) {
   Job& job = *job_;
   int64_t id;
   {
@@ -191,7 +184,7 @@ TEST_F(DistAutogradTest, ContextsAreReleasedEverywhere) {
   for (int r = 0; r < 3; ++r) EXPECT_FALSE(job[r].autograd().has_context(id)) << "worker" << r;
 }
 
-TEST_F(DistAutogradTest, BadRootsAndRemoteBackwardErrors) {
+TEST_P(DistAutogradTest, BadRootsAndRemoteBackwardErrors) {
   Job& job = *job_;
   dist_autograd::Context ctx(job[0]);
   at::Tensor y = job[0].rpc_sync("worker1", "ag.affine", {leaf(7), 1.0}).toTensor();
@@ -202,7 +195,7 @@ TEST_F(DistAutogradTest, BadRootsAndRemoteBackwardErrors) {
   EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
 }
 
-TEST_F(DistAutogradTest, ASecondContextOnTheSameThreadIsRefused) {
+TEST_P(DistAutogradTest, ASecondContextOnTheSameThreadIsRefused) {
   Job& job = *job_;
   dist_autograd::Context outer(job[0]);
   Error e = testing::expect_error([&] { dist_autograd::Context inner(job[0]); });
@@ -213,7 +206,7 @@ TEST_F(DistAutogradTest, ASecondContextOnTheSameThreadIsRefused) {
   EXPECT_EQ(job[0].autograd().current_context(), outer.id());
 }
 
-TEST_F(DistAutogradTest, BackwardWithoutRootsOrFromALeafIsRefused) {
+TEST_P(DistAutogradTest, BackwardWithoutRootsOrFromALeafIsRefused) {
   Job& job = *job_;
   dist_autograd::Context ctx(job[0]);
   Error e = testing::expect_error([&] { job[0].autograd().backward(ctx.id(), {}, false); });
@@ -227,7 +220,7 @@ TEST_F(DistAutogradTest, BackwardWithoutRootsOrFromALeafIsRefused) {
 }
 
 // A call to the calling worker itself skips the network; it must still be recorded.
-TEST_F(DistAutogradTest, CallsAndRemotesToOneselfAreRecorded) {
+TEST_P(DistAutogradTest, CallsAndRemotesToOneselfAreRecorded) {
   Job& job = *job_;
   at::Tensor x = leaf(50);
   at::Tensor xl = x.detach().clone().set_requires_grad(true);
@@ -250,7 +243,7 @@ TEST_F(DistAutogradTest, CallsAndRemotesToOneselfAreRecorded) {
   EXPECT_TRUE(at::allclose(g, xl.grad(), 1e-5, 1e-6));
 }
 
-TEST_F(DistAutogradTest, ToHereOfARemoteBuiltinGivesBothInputsTheirGradients) {
+TEST_P(DistAutogradTest, ToHereOfARemoteBuiltinGivesBothInputsTheirGradients) {
   Job& job = *job_;
   at::Tensor x = leaf(51), w = leaf(52);
   dist_autograd::Context ctx(job[0]);
@@ -267,7 +260,7 @@ TEST_F(DistAutogradTest, ToHereOfARemoteBuiltinGivesBothInputsTheirGradients) {
 
 // worker0 -> worker1 -> worker2 -> worker1: the function's own calls, two deep, belong to
 // the caller's context however the first call was made.
-TEST_F(DistAutogradTest, NestedCallsTwoDeepMatchLocalForRpcSyncRpcAsyncAndRemote) {
+TEST_P(DistAutogradTest, NestedCallsTwoDeepMatchLocalForRpcSyncRpcAsyncAndRemote) {
   Job& job = *job_;
   const c10::List<std::string> route({"worker2", "worker1"});
   for (const std::string how : {"rpc_sync", "rpc_async", "remote"}) {
@@ -295,7 +288,7 @@ TEST_F(DistAutogradTest, NestedCallsTwoDeepMatchLocalForRpcSyncRpcAsyncAndRemote
 
 // worker0 has worker2 create a value (which calls worker1), then worker1 fetches it from
 // worker2 and computes on it: every hop is in worker0's context.
-TEST_F(DistAutogradTest, AnRRefOwnedByAThirdWorkerMatchesLocal) {
+TEST_P(DistAutogradTest, AnRRefOwnedByAThirdWorkerMatchesLocal) {
   Job& job = *job_;
   at::Tensor x = leaf(54);
   at::Tensor xl = x.detach().clone().set_requires_grad(true);
@@ -312,7 +305,7 @@ TEST_F(DistAutogradTest, AnRRefOwnedByAThirdWorkerMatchesLocal) {
 
 // Methods called on an RRef (rpc_sync and remote on its owner) run inside the caller's
 // context too: the owner's weight and the caller's input both get their gradients.
-TEST_F(DistAutogradTest, RRefMethodCallsWithNestedCallsMatchLocal) {
+TEST_P(DistAutogradTest, RRefMethodCallsWithNestedCallsMatchLocal) {
   Job& job = *job_;
   RRef rw = RRef::from_ivalue(job[0].rpc_sync("worker1", "ag.make_weight", {int64_t{55}}));
   at::Tensor w_value = rw.to_here().toTensor();
@@ -336,7 +329,7 @@ TEST_F(DistAutogradTest, RRefMethodCallsWithNestedCallsMatchLocal) {
   }
 }
 
-TEST_F(DistAutogradTest, DistributedOptimizerMatchesLocalTrainingFor20Steps) {
+TEST_P(DistAutogradTest, DistributedOptimizerMatchesLocalTrainingFor20Steps) {
   Job& job = *job_;
   for (const auto& spec : {optim::sgd(0.1, 0.9), optim::adam(0.05)}) {
     // The same two-layer model trained locally...
@@ -371,7 +364,7 @@ TEST_F(DistAutogradTest, DistributedOptimizerMatchesLocalTrainingFor20Steps) {
   }
 }
 
-TEST_F(DistAutogradTest, OwnerSideGraphWithParameterAndReceivedInput) {
+TEST_P(DistAutogradTest, OwnerSideGraphWithParameterAndReceivedInput) {
   // On worker2 the graph holds both a leaf (its weight) and a received tensor: each must
   // get its own gradient.
   Job& job = *job_;
@@ -389,7 +382,7 @@ TEST_F(DistAutogradTest, OwnerSideGraphWithParameterAndReceivedInput) {
   EXPECT_TRUE(at::allclose(owner_grads.begin()->value(), w.grad(), 1e-5, 1e-6));
 }
 
-TEST_F(DistAutogradTest, TwoConcurrentContextsOnOneParameterServer) {
+TEST_P(DistAutogradTest, TwoConcurrentContextsOnOneParameterServer) {
   Job& job = *job_;
   // Each trainer's RRef belongs to its own worker; both refer to one tensor on worker2.
   std::vector<RRef> w;
@@ -417,7 +410,7 @@ TEST_F(DistAutogradTest, TwoConcurrentContextsOnOneParameterServer) {
   }
 }
 
-TEST_F(DistAutogradTest, DestroyedDistributedOptimizersLeaveNothingOnTheOwners) {
+TEST_P(DistAutogradTest, DestroyedDistributedOptimizersLeaveNothingOnTheOwners) {
   Job& job = *job_;
   RRef r1 = RRef::from_ivalue(job[0].rpc_sync("worker1", "ag.make_weight", {int64_t{31}}));
   for (int i = 0; i < 3; ++i) {
@@ -439,7 +432,7 @@ TEST_F(DistAutogradTest, DestroyedDistributedOptimizersLeaveNothingOnTheOwners) 
 // Every worker trains through the others with as many concurrent contexts as it has
 // handler threads: a backward pass must not hold a handler thread while the rest of its
 // chain works, or the passes wait on one another until they time out.
-TEST_F(DistAutogradTest, ConcurrentBackwardPassesOnEveryWorkerDoNotStarveTheHandlers) {
+TEST_P(DistAutogradTest, ConcurrentBackwardPassesOnEveryWorkerDoNotStarveTheHandlers) {
   Job& job = *job_;
   constexpr int kPerWorker = 4;  // Job's handler threads per worker
   std::vector<std::thread> trainers;
@@ -472,7 +465,7 @@ TEST_F(DistAutogradTest, ConcurrentBackwardPassesOnEveryWorkerDoNotStarveTheHand
   for (size_t i = 0; i < failures.size(); ++i) EXPECT_EQ(failures[i], "") << "trainer " << i;
 }
 
-TEST_F(DistAutogradTest, AnExceptionInARemoteBackwardFailsBackwardNamingTheWorker) {
+TEST_P(DistAutogradTest, AnExceptionInARemoteBackwardFailsBackwardNamingTheWorker) {
   Job& job = *job_;
   dist_autograd::Context ctx(job[0]);
   at::Tensor y = job[0].rpc_sync("worker2", "ag.throw_in_backward", {leaf(8)}).toTensor();
@@ -498,6 +491,8 @@ TEST(DistAutogradOrphans, ContextsWhoseCreatorNeverReleasesAreReclaimed) {
   EXPECT_TRUE(job[0].autograd().has_context(id));  // the creator's own context is its to release
   job[0].autograd().release(id);
 }
+
+DRPC_ON_EVERY_NETWORK(DistAutogradTest);
 
 }  // namespace
 }  // namespace drpc

@@ -1,10 +1,15 @@
 #pragma once
 
 // A job of N workers as threads of one test process, each a full drpc::Runtime with its
-// own real gRPC process group on loopback, rendezvousing through an in-memory store.
+// own real gRPC process group on loopback (or, with Network::kInMemory, the in-memory
+// process group, composed by the same Runtime code), rendezvousing through an in-memory
+// store.
+
+#include <gtest/gtest.h>
 
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -13,16 +18,25 @@
 #include <vector>
 
 #include "drpc.h"
+#include "process_group/in_memory_process_group.h"
 #include "process_group/in_memory_store.h"
 
 namespace drpc {
 namespace testing {
 
+enum class Network { kGrpc, kInMemory };
+
+inline std::string network_name(Network network) { return network == Network::kGrpc ? "Grpc" : "InMemory"; }
+
 class Job {
  public:
-  explicit Job(int n, Options options = {}) : store_(create_in_memory_store()) {
+  explicit Job(int n, Options options = {}, Network network = Network::kGrpc) : store_(create_in_memory_store()) {
     options.store = store_.get();
     options.init_timeout = std::chrono::milliseconds(30000);
+    if (network == Network::kInMemory) {
+      auto groups = std::make_shared<std::vector<std::unique_ptr<ProcessGroup>>>(create_in_memory_process_groups(n));
+      options.process_group = [groups](Store&, int rank, int, const Options&) { return std::move(groups->at(rank)); };
+    }
     runtimes_.resize(n);
     std::vector<std::string> errors(n);
     std::vector<std::thread> threads;
@@ -58,6 +72,35 @@ class Job {
   std::unique_ptr<InMemoryStore> store_;
   std::vector<std::unique_ptr<Runtime>> runtimes_;
 };
+
+// A suite's fixture whose cases share one job of `N` workers per network: every case
+// runs over real gRPC and over the in-memory process group (which must then behave as
+// gRPC does for everything above it). Instantiate with DRPC_ON_EVERY_NETWORK(Suite).
+template <int N>
+class JobOnEveryNetwork : public ::testing::TestWithParam<Network> {
+ protected:
+  void SetUp() override {
+    auto& job = jobs()[GetParam()];
+    if (!job) job = std::make_unique<Job>(N, Options{}, GetParam());
+    job_ = job.get();
+  }
+  static void TearDownTestSuite() { jobs().clear(); }
+  Job* job_ = nullptr;
+
+ private:
+  static std::map<Network, std::unique_ptr<Job>>& jobs() {
+    static std::map<Network, std::unique_ptr<Job>> jobs;
+    return jobs;
+  }
+};
+
+#define DRPC_ON_EVERY_NETWORK(suite)                                                                           \
+  INSTANTIATE_TEST_SUITE_P(Networks, suite,                                                                    \
+                           ::testing::Values(::drpc::testing::Network::kGrpc,                                  \
+                                             ::drpc::testing::Network::kInMemory),                             \
+                           [](const ::testing::TestParamInfo<::drpc::testing::Network>& info) {                \
+                             return ::drpc::testing::network_name(info.param);                                 \
+                           })
 
 // A latch the test opens: functions under test block on it instead of sleeping.
 class Gate {

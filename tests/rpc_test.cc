@@ -61,18 +61,11 @@ DRPC_REGISTER_ASYNC_FUNCTION("test.relay_async", [](std::string next, at::Tensor
       ->then([](c10::ivalue::Future& f) { return c10::IValue(f.value().toTensor() + 1); }, c10::AnyType::get());
 });
 
-class RpcTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { job_ = new Job(3); }
-  static void TearDownTestSuite() {
-    delete job_;
-    job_ = nullptr;
-  }
-  static Job* job_;
-};
-Job* RpcTest::job_ = nullptr;
+// Every case runs on both networks under the same Runtime: real gRPC, and the in-memory
+// process group (which must then behave as gRPC does for everything above it).
+class RpcTest : public testing::JobOnEveryNetwork<3> {};
 
-TEST_F(RpcTest, WorkerInfos) {
+TEST_P(RpcTest, WorkerInfos) {
   Job& job = *job_;
   EXPECT_EQ(job[1].get_worker_info().name, "worker1");
   EXPECT_EQ(job[0].get_worker_info("worker2").id, 2);
@@ -80,7 +73,7 @@ TEST_F(RpcTest, WorkerInfos) {
   EXPECT_EQ(expect_error([&] { job[0].get_worker_info("nobody"); }).kind(), ErrorKind::kBadArgument);
 }
 
-TEST_F(RpcTest, BuiltinOperatorsWithOverloadsKwargsAndDefaults) {
+TEST_P(RpcTest, BuiltinOperatorsWithOverloadsKwargsAndDefaults) {
   Job& job = *job_;
   at::Tensor a = at::tensor({1.0, 2.0}), b = at::tensor({10.0, 20.0});
   EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "aten::add", {a, b}).toTensor(), a + b));
@@ -99,7 +92,7 @@ TEST_F(RpcTest, BuiltinOperatorsWithOverloadsKwargsAndDefaults) {
   EXPECT_TRUE(at::equal(sorted[1].toTensor(), at::tensor({1, 2, 0}, at::kLong)));
 }
 
-TEST_F(RpcTest, RegisteredFunctionsCheckTheirArguments) {
+TEST_P(RpcTest, RegisteredFunctionsCheckTheirArguments) {
   Job& job = *job_;
   at::Tensor t = at::arange(4, at::kFloat);
   EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "test.scale", {t, 2.0}).toTensor(), t * 2));
@@ -117,7 +110,7 @@ TEST_F(RpcTest, RegisteredFunctionsCheckTheirArguments) {
   EXPECT_TRUE(contains(e.what(), "no overload of aten::add")) << e.what();
 }
 
-TEST_F(RpcTest, UnknownWorkerAndFunction) {
+TEST_P(RpcTest, UnknownWorkerAndFunction) {
   Job& job = *job_;
   Error e = expect_error([&] { job[0].rpc_sync("worker9", "aten::add"); });
   EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
@@ -129,7 +122,7 @@ TEST_F(RpcTest, UnknownWorkerAndFunction) {
   EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
 }
 
-TEST_F(RpcTest, RemoteExceptionsNameTheWorkerAndCarryTheMessage) {
+TEST_P(RpcTest, RemoteExceptionsNameTheWorkerAndCarryTheMessage) {
   Job& job = *job_;
   Error e = expect_error([&] { job[0].rpc_sync("worker2", "test.fail", {std::string("the disk is full")}); });
   EXPECT_EQ(e.kind(), ErrorKind::kRemote);
@@ -140,7 +133,7 @@ TEST_F(RpcTest, RemoteExceptionsNameTheWorkerAndCarryTheMessage) {
   EXPECT_TRUE(contains(e.what(), "worker1")) << e.what();
 }
 
-TEST_F(RpcTest, NestedCallsAcrossThreeWorkers) {
+TEST_P(RpcTest, NestedCallsAcrossThreeWorkers) {
   Job& job = *job_;
   at::Tensor t = at::zeros({2});
   // worker0 -> worker1 -> worker2 -> worker0: adds 1, 2, 0.
@@ -151,7 +144,7 @@ TEST_F(RpcTest, NestedCallsAcrossThreeWorkers) {
   EXPECT_EQ(job[0].rpc_sync("worker2", "test.whoami").toStringRef(), "worker2");
 }
 
-TEST_F(RpcTest, AsyncFunctionsAndThenChains) {
+TEST_P(RpcTest, AsyncFunctionsAndThenChains) {
   Job& job = *job_;
   at::Tensor t = at::ones({3});
   EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "test.relay_async", {std::string("worker2"), t}).toTensor(),
@@ -165,7 +158,7 @@ TEST_F(RpcTest, AsyncFunctionsAndThenChains) {
   EXPECT_EQ(chained->value().toTensor().item<double>(), 30.0);
 }
 
-TEST_F(RpcTest, ThousandConcurrentCallsAllAnsweredCorrectly) {
+TEST_P(RpcTest, ThousandConcurrentCallsAllAnsweredCorrectly) {
   Job& job = *job_;
   std::vector<FuturePtr> futures;
   for (int i = 0; i < 1000; ++i) {
@@ -179,7 +172,7 @@ TEST_F(RpcTest, ThousandConcurrentCallsAllAnsweredCorrectly) {
   }
 }
 
-TEST_F(RpcTest, TimeoutThatFiresAndOneThatDoesNot) {
+TEST_P(RpcTest, TimeoutThatFiresAndOneThatDoesNot) {
   Job& job = *job_;
   Gate gate;
   g_gate = &gate;
@@ -199,7 +192,7 @@ TEST_F(RpcTest, TimeoutThatFiresAndOneThatDoesNot) {
   g_gate = nullptr;
 }
 
-TEST_F(RpcTest, TorchScriptModulesLoadedByName) {
+TEST_P(RpcTest, TorchScriptModulesLoadedByName) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string path = std::string(tmp ? tmp : "/tmp") + "/double.pt";
   {
@@ -214,7 +207,7 @@ TEST_F(RpcTest, TorchScriptModulesLoadedByName) {
   }
   Options options;
   options.scripts = {{"doubler", path}};
-  Job job(2, options);
+  Job job(2, options, GetParam());
   at::Tensor t = at::arange(3, at::kFloat);
   EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "torchscript:doubler", {t}).toTensor(), t * 2));
   EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "torchscript:doubler:add", {t, int64_t{5}}).toTensor(), t + 5));
@@ -231,7 +224,7 @@ TEST_F(RpcTest, TorchScriptModulesLoadedByName) {
 // not on the network thread whose reply it would be waiting for. (The calls are held on a
 // gate until their callbacks are attached: a callback attached to a future that already
 // completed runs at once on the attaching thread.)
-TEST_F(RpcTest, CallbacksMayMakeRpcsAndWaitOnFutures) {
+TEST_P(RpcTest, CallbacksMayMakeRpcsAndWaitOnFutures) {
   Job& job = *job_;
   Gate gate;
   g_gate = &gate;
@@ -280,7 +273,7 @@ TEST_F(RpcTest, CallbacksMayMakeRpcsAndWaitOnFutures) {
   for (int i = 0; i < 8; ++i) EXPECT_EQ(values[i].toTensor().item<double>(), double(i));
 }
 
-TEST_F(RpcTest, WaitAllRaisesTheFirstErrorWithoutWaitingForTheRest) {
+TEST_P(RpcTest, WaitAllRaisesTheFirstErrorWithoutWaitingForTheRest) {
   Job& job = *job_;
   Gate gate;
   g_gate = &gate;
@@ -413,6 +406,8 @@ TEST(RpcJob, BlockedHandlersDoNotDeadlockAsyncFunctions) {
   }
   for (auto& v : wait_all(futures)) EXPECT_EQ(v.toTensor().item<double>(), 11.0);
 }
+
+DRPC_ON_EVERY_NETWORK(RpcTest);
 
 }  // namespace
 }  // namespace drpc

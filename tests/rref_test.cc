@@ -125,21 +125,14 @@ std::string describe_counts(Job& job) {
   return out;
 }
 
-class RRefTest : public ::testing::Test {
+class RRefTest : public testing::JobOnEveryNetwork<3> {
  protected:
-  static void SetUpTestSuite() { job_ = new Job(3); }
-  static void TearDownTestSuite() {
-    delete job_;
-    job_ = nullptr;
-  }
   void TearDown() override {
-    EXPECT_TRUE(eventually([] { return all_released(*job_); })) << describe_counts(*job_);
+    EXPECT_TRUE(eventually([this] { return all_released(*job_); })) << describe_counts(*job_);
   }
-  static Job* job_;
 };
-Job* RRefTest::job_ = nullptr;
 
-TEST_F(RRefTest, RemoteThenToHere) {
+TEST_P(RRefTest, RemoteThenToHere) {
   Job& job = *job_;
   RRef r = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({2, 2})});
   EXPECT_FALSE(r.is_owner());
@@ -151,7 +144,7 @@ TEST_F(RRefTest, RemoteThenToHere) {
   EXPECT_EQ(job[0].rref_counts().users, 1);
 }
 
-TEST_F(RRefTest, ValueIsFreedWhenTheLastUserGoes) {
+TEST_P(RRefTest, ValueIsFreedWhenTheLastUserGoes) {
   Job& job = *job_;
   {
     RRef a = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({3})});
@@ -162,7 +155,7 @@ TEST_F(RRefTest, ValueIsFreedWhenTheLastUserGoes) {
   EXPECT_TRUE(eventually([&] { return job[1].rref_counts().owner_values == 0; })) << describe_counts(job);
 }
 
-TEST_F(RRefTest, ToHereBeforeTheOwnerHasTheValueWaitsForIt) {
+TEST_P(RRefTest, ToHereBeforeTheOwnerHasTheValueWaitsForIt) {
   Job& job = *job_;
   Gate gate;
   g_gate = &gate;
@@ -174,7 +167,7 @@ TEST_F(RRefTest, ToHereBeforeTheOwnerHasTheValueWaitsForIt) {
   g_gate = nullptr;
 }
 
-TEST_F(RRefTest, RemoteToOneself) {
+TEST_P(RRefTest, RemoteToOneself) {
   Job& job = *job_;
   RRef r = job[2].remote("worker2", "rref.scale", {at::ones({2}), 5.0});
   EXPECT_TRUE(r.is_owner());
@@ -182,7 +175,7 @@ TEST_F(RRefTest, RemoteToOneself) {
   EXPECT_TRUE(at::equal(r.local_value().toTensor(), at::full({2}, 5.0)));
 }
 
-TEST_F(RRefTest, CreationThatFailsRemotelyRaisesOnUse) {
+TEST_P(RRefTest, CreationThatFailsRemotelyRaisesOnUse) {
   Job& job = *job_;
   RRef r = job[0].remote("worker1", "rref.fail");
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -201,7 +194,7 @@ TEST_F(RRefTest, CreationThatFailsRemotelyRaisesOnUse) {
   EXPECT_TRUE(contains(e.what(), "no.such.function")) << e.what();
 }
 
-TEST_F(RRefTest, AFailedCreationIsNeverConfirmed) {
+TEST_P(RRefTest, AFailedCreationIsNeverConfirmed) {
   Job& job = *job_;
   RRef r = job[0].remote("worker1", "rref.fail");
   r.impl().confirmation()->wait();
@@ -213,7 +206,7 @@ TEST_F(RRefTest, AFailedCreationIsNeverConfirmed) {
   }
 }
 
-TEST_F(RRefTest, RemoteTimeoutCoversTheCreationOnTheOwner) {
+TEST_P(RRefTest, RemoteTimeoutCoversTheCreationOnTheOwner) {
   Job& job = *job_;
   Gate gate;
   g_gate = &gate;
@@ -243,7 +236,7 @@ TEST_F(RRefTest, RemoteTimeoutCoversTheCreationOnTheOwner) {
   g_gate = nullptr;
 }
 
-TEST_F(RRefTest, FetchOfAFreedRRefFailsAtOnceNamingIt) {
+TEST_P(RRefTest, FetchOfAFreedRRefFailsAtOnceNamingIt) {
   Job& job = *job_;
   std::string created, owned;
   {
@@ -267,7 +260,7 @@ TEST_F(RRefTest, FetchOfAFreedRRefFailsAtOnceNamingIt) {
   EXPECT_EQ(job[1].rref_counts().owners, 0) << describe_counts(job);  // no empty record was made
 }
 
-TEST_F(RRefTest, AWaitingFetchFailsOnceItsCreationCanNoLongerCome) {
+TEST_P(RRefTest, AWaitingFetchFailsOnceItsCreationCanNoLongerCome) {
   Job& job = *job_;
   RRef first = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({1})});
   first.to_here();
@@ -287,7 +280,7 @@ TEST_F(RRefTest, AWaitingFetchFailsOnceItsCreationCanNoLongerCome) {
   EXPECT_TRUE(at::equal(later.to_here().toTensor(), at::ones({1})));
 }
 
-TEST_F(RRefTest, LocalValueOfAUserNamesThisWorkerAndTheOwner) {
+TEST_P(RRefTest, LocalValueOfAUserNamesThisWorkerAndTheOwner) {
   Job& job = *job_;
   RRef r = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({2})});
   Error e = thrown_by([&] { r.local_value(); });
@@ -296,7 +289,7 @@ TEST_F(RRefTest, LocalValueOfAUserNamesThisWorkerAndTheOwner) {
   EXPECT_TRUE(contains(e.what(), "worker1 is")) << e.what();
 }
 
-TEST_F(RRefTest, ProxiesCallTensorMethodsAndScriptMethods) {
+TEST_P(RRefTest, ProxiesCallTensorMethodsAndScriptMethods) {
   Job& job = *job_;
   RRef tensor = job[0].remote("worker2", "aten::ones", {c10::List<int64_t>({2})});
   EXPECT_TRUE(at::equal(tensor.rpc_sync("add", {at::full({2}, 2.0)}).toTensor(), at::full({2}, 3.0)));
@@ -328,7 +321,7 @@ TEST_F(RRefTest, ProxiesCallTensorMethodsAndScriptMethods) {
       << missing.what();
 }
 
-TEST_F(RRefTest, OwnerSharesWithAUser) {
+TEST_P(RRefTest, OwnerSharesWithAUser) {
   Job& job = *job_;
   RRef local = job[1].make_local(c10::IValue(at::full({4}, 2.0)));
   EXPECT_TRUE(local.is_owner());
@@ -336,14 +329,14 @@ TEST_F(RRefTest, OwnerSharesWithAUser) {
   EXPECT_FALSE(job[1].rpc_sync("worker2", "rref.is_owner", {local.to_ivalue()}).toBool());
 }
 
-TEST_F(RRefTest, UserSharesWithTheOwner) {
+TEST_P(RRefTest, UserSharesWithTheOwner) {
   Job& job = *job_;
   RRef r = job[0].remote("worker1", "rref.scale", {at::ones({3}), 2.0});
   EXPECT_TRUE(job[0].rpc_sync("worker1", "rref.is_owner", {r.to_ivalue()}).toBool());
   EXPECT_EQ(job[0].rpc_sync("worker1", "rref.local_sum", {r.to_ivalue()}).toDouble(), 6.0);
 }
 
-TEST_F(RRefTest, UserSharesWithAThirdWorkerTwiceAndInContainers) {
+TEST_P(RRefTest, UserSharesWithAThirdWorkerTwiceAndInContainers) {
   Job& job = *job_;
   RRef r = job[0].remote("worker1", "rref.scale", {at::ones({2}), 3.0});
   EXPECT_EQ(job[0].rpc_sync("worker2", "rref.sum", {r.to_ivalue()}).toDouble(), 6.0);
@@ -353,21 +346,21 @@ TEST_F(RRefTest, UserSharesWithAThirdWorkerTwiceAndInContainers) {
   EXPECT_EQ(job[0].rpc_sync("worker2", "rref.sum_all", {list}).toDouble(), 12.0);
 }
 
-TEST_F(RRefTest, RRefReturnedFromACall) {
+TEST_P(RRefTest, RRefReturnedFromACall) {
   Job& job = *job_;
   RRef r = RRef::from_ivalue(job[0].rpc_sync("worker1", "rref.make", {7.0}));
   EXPECT_EQ(r.owner_name(), "worker1");
   EXPECT_TRUE(at::equal(r.to_here().toTensor(), at::full({2}, 7.0)));
 }
 
-TEST_F(RRefTest, ChainOfRemotesThroughAThirdWorker) {
+TEST_P(RRefTest, ChainOfRemotesThroughAThirdWorker) {
   Job& job = *job_;
   RRef first = job[0].remote("worker1", "aten::ones", {c10::List<int64_t>({5})});
   RRef second = job[0].remote("worker2", "rref.sum", {first.to_ivalue()});  // worker2 fetches from worker1
   EXPECT_EQ(second.to_here().toDouble(), 5.0);
 }
 
-TEST_F(RRefTest, ProxiesCallMethodsOnTheOwnersValue) {
+TEST_P(RRefTest, ProxiesCallMethodsOnTheOwnersValue) {
   Job& job = *job_;
   RRef module = job[0].remote("worker1", "rref.module");
   EXPECT_TRUE(at::equal(module.rpc_sync("forward", {at::ones({2})}).toTensor(), at::full({2}, 3.0)));
@@ -384,7 +377,7 @@ TEST_F(RRefTest, ProxiesCallMethodsOnTheOwnersValue) {
   }
 }
 
-TEST_F(RRefTest, TenThousandRRefsCreatedAndDeleted) {
+TEST_P(RRefTest, TenThousandRRefsCreatedAndDeleted) {
   Job& job = *job_;
   for (int batch = 0; batch < 20; ++batch) {
     std::vector<RRef> rrefs;
@@ -436,6 +429,8 @@ TEST(RRefShutdown, GracefulShutdownDeletesRemainingReferences) {
   EXPECT_EQ(job[1].rref_counts().owners, 0) << describe_counts(job);
   EXPECT_EQ(job[1].rref_counts().owner_values, 0);
 }
+
+DRPC_ON_EVERY_NETWORK(RRefTest);
 
 }  // namespace
 }  // namespace drpc
