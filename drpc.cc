@@ -17,6 +17,7 @@
 #include "process_group/grpc_store.h"
 #include "process_group/prefix_store.h"
 #include "process_group/security.h"
+#include "rpc/call_codec.h"
 #include "rpc/process_group_agent.h"
 #include "rpc/value_codec.h"
 #include "dist_autograd/dist_autograd.h"
@@ -100,30 +101,6 @@ class CurrentRuntime {
  private:
   Runtime* previous_;
 };
-
-Message encode_call(const std::string& fn, const std::vector<c10::IValue>& args, const Kwargs& kwargs,
-                    const ValueHooks& hooks) {
-  rpc::Call call;
-  call.set_function(fn);
-  Message message;
-  message.type = kCallRequest;
-  for (size_t i = 0; i < args.size(); ++i) {
-    encode_value(args[i], call.add_args(), &message.tensors, fn + ": args[" + std::to_string(i) + "]", &hooks);
-  }
-  for (const auto& [name, value] : kwargs) {
-    rpc::Kwarg* kw = call.add_kwargs();
-    kw->set_name(name);
-    encode_value(value, kw->mutable_value(), &message.tensors, fn + ": kwarg " + name, &hooks);
-  }
-  message.payload = call.SerializeAsString();
-  return message;
-}
-
-c10::IValue decode_result(const Message& message, const ValueHooks& hooks) {
-  rpc::Value value;
-  if (!value.ParseFromString(message.payload)) throw Error(ErrorKind::kProtocol, "malformed reply");
-  return decode_value(value, message.tensors, &hooks);
-}
 
 class RuntimeImpl final : public Runtime {
  public:
@@ -322,7 +299,10 @@ class RuntimeImpl final : public Runtime {
     const WorkerInfo dst = agent_->worker(to);
     if (timeout == kDefaultTimeout) timeout = agent_->default_timeout();
     *hooks = rref_->hooks(dst.id);
-    Message request = encode_call(fn, args, kwargs, *hooks);
+    rpc::Call call;
+    Message request{kCallRequest, "", {}};
+    encode_call(fn, args, kwargs, *hooks, &call, &request.tensors);
+    request.payload = call.SerializeAsString();
     return agent_->send(dst, std::move(request), timeout, fn);
   }
 
@@ -332,10 +312,7 @@ class RuntimeImpl final : public Runtime {
     if (!call.ParseFromString(request.payload)) throw Error(ErrorKind::kProtocol, "malformed call");
     ValueHooks hooks = rref_->hooks(from.id);
     CallArgs args;
-    for (const auto& v : call.args()) args.args.push_back(decode_value(v, request.tensors, &hooks));
-    for (const auto& kw : call.kwargs()) {
-      args.kwargs.emplace_back(kw.name(), decode_value(kw.value(), request.tensors, &hooks));
-    }
+    decode_call(call, request.tensors, hooks, &args.args, &args.kwargs);
     std::vector<c10::IValue> all = args.args;
     for (const auto& kw : args.kwargs) all.push_back(kw.second);
     const std::string fn = call.function();
@@ -357,11 +334,7 @@ class RuntimeImpl final : public Runtime {
     });
     return result->then(
         [fn, hooks](c10::ivalue::Future& done) {
-          Message reply;
-          rpc::Value value;
-          encode_value(done.value(), &value, &reply.tensors, fn + ": result", &hooks);
-          reply.payload = value.SerializeAsString();
-          return message_to_ivalue(std::move(reply));
+          return message_to_ivalue(encode_result(0, done.value(), fn + ": result", hooks));
         },
         c10::AnyType::get());
   }

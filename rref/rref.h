@@ -8,11 +8,10 @@
 #include <utility>
 #include <vector>
 
+#include "rpc/call_codec.h"
 #include "rpc/rpc_agent.h"
 
 namespace drpc {
-
-using Kwargs = std::vector<std::pair<std::string, c10::IValue>>;
 
 // A checked downcast that, unlike c10::dynamic_intrusive_pointer_cast, does not leak a
 // reference when the cast fails.

@@ -390,11 +390,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     // (maybe much later) deadline.
     reply = unless_failed(reply, user.confirmation_future());
     reply->wait();
-    const Message& m = message_from_ivalue(reply->value());
-    rpc::Value value;
-    if (!value.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed to_here reply");
-    ValueHooks h = hooks(user.owner_info().id);
-    return decode_value(value, m.tensors, &h);
+    return decode_result(message_from_ivalue(reply->value()), hooks(user.owner_info().id), "to_here reply");
   }
 
   FuturePtr apply_remote(const WorkerInfo& owner, const Id& rref, const std::string& fn,
@@ -404,18 +400,14 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     rref::RemoteCall call;
     to_proto(rref, call.mutable_rref());
     Message m{kRRefApply, "", {}};
-    encode_call(fn, args, kwargs, owner.id, call.mutable_call(), &m.tensors);
+    encode_call(fn, args, kwargs, hooks(owner.id), call.mutable_call(), &m.tensors);
     m.payload = call.SerializeAsString();
     FuturePtr reply = agent_.send(owner, std::move(m), timeout, fn + " on RRef " + rref.str());
     auto self = shared_from_this();
     const int peer = owner.id;
     // Handed to the user (RRef::rpc_async): completed off the network thread.
     return complete_on_callback_thread(agent_, reply, [self, peer](const c10::IValue& done) {
-      const Message& r = message_from_ivalue(done);
-      rpc::Value value;
-      if (!value.ParseFromString(r.payload)) throw Error(ErrorKind::kProtocol, "malformed reply");
-      ValueHooks h = self->hooks(peer);
-      return decode_value(value, r.tensors, &h);
+      return decode_result(message_from_ivalue(done), self->hooks(peer));
     });
   }
 
@@ -441,7 +433,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     rref::RemoteCall call;
     if (apply_to) to_proto(*apply_to, call.mutable_apply_to());
     Message m{kRRefRemoteCall, "", {}};
-    encode_call(fn, args, kwargs, to.id, call.mutable_call(), &m.tensors);
+    encode_call(fn, args, kwargs, hooks(to.id), call.mutable_call(), &m.tensors);
     c10::intrusive_ptr<RRefImpl> handle;
     c10::intrusive_ptr<UserRRef> user;
     c10::weak_intrusive_ptr<OwnerRRef> own(c10::intrusive_ptr<OwnerRRef>{});
@@ -598,7 +590,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     }
     std::vector<c10::IValue> args;
     Kwargs kwargs;
-    decode_call(call.call(), m.tensors, from.id, &args, &kwargs);
+    decode_call(call.call(), m.tensors, hooks(from.id), &args, &kwargs);
     const std::string fn = call.call().function();
     // Run once every RRef among the arguments is confirmed. The reply goes out when the
     // value exists (or failed): the caller's deadline covers the creation, and its RRef
@@ -648,7 +640,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     auto owner = get_or_create_owner(from_proto(call.rref()), from);
     std::vector<c10::IValue> args;
     Kwargs kwargs;
-    decode_call(call.call(), m.tensors, from.id, &args, &kwargs);
+    decode_call(call.call(), m.tensors, hooks(from.id), &args, &kwargs);
     FuturePtr result = apply_local(owner->value_future(), call.call().function(), std::move(args), std::move(kwargs),
                                    m.autograd_context);
     return reply_with_value(result, kRRefApply, from.id);
@@ -658,12 +650,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     auto self = shared_from_this();
     return value->then(
         [self, type, peer](c10::ivalue::Future& done) {
-          Message reply{type, "", {}};
-          rpc::Value encoded;
-          ValueHooks h = self->hooks(peer);
-          encode_value(done.value(), &encoded, &reply.tensors, "RRef value", &h);
-          reply.payload = encoded.SerializeAsString();
-          return message_to_ivalue(std::move(reply));
+          return message_to_ivalue(encode_result(type, done.value(), "RRef value", self->hooks(peer)));
         },
         c10::AnyType::get());
   }
@@ -918,27 +905,6 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
                                              ": " + from.name + " never created it there")));
     }
     return result;
-  }
-
-  void encode_call(const std::string& fn, const std::vector<c10::IValue>& args, const Kwargs& kwargs, int peer,
-                   rpc::Call* call, std::vector<at::Tensor>* tensors) {
-    ValueHooks h = hooks(peer);
-    call->set_function(fn);
-    for (size_t i = 0; i < args.size(); ++i) {
-      encode_value(args[i], call->add_args(), tensors, fn + ": args[" + std::to_string(i) + "]", &h);
-    }
-    for (const auto& [name, value] : kwargs) {
-      auto* kw = call->add_kwargs();
-      kw->set_name(name);
-      encode_value(value, kw->mutable_value(), tensors, fn + ": kwarg " + name, &h);
-    }
-  }
-
-  void decode_call(const rpc::Call& call, const std::vector<at::Tensor>& tensors, int peer,
-                   std::vector<c10::IValue>* args, Kwargs* kwargs) {
-    ValueHooks h = hooks(peer);
-    for (const auto& v : call.args()) args->push_back(decode_value(v, tensors, &h));
-    for (const auto& kw : call.kwargs()) kwargs->emplace_back(kw.name(), decode_value(kw.value(), tensors, &h));
   }
 
   // Control messages are idempotent: sent with a deadline and retried with backoff.

@@ -1,0 +1,67 @@
+// The call protocol's wire form: a request's function, arguments and keyword arguments
+// (tensors beside them) come back as sent; what cannot travel is named; malformed bytes
+// are a protocol error naming what was read.
+
+#include "rpc/call_codec.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+
+namespace drpc {
+namespace {
+
+TEST(CallCodec, ACallRoundTripsWithItsTensorsBesideIt) {
+  rpc::Call call;
+  std::vector<at::Tensor> tensors;
+  const at::Tensor t = at::arange(6, at::kFloat).reshape({2, 3});
+  encode_call("my.fn", {t, int64_t{3}, std::string("s")}, {{"scale", 2.5}, {"w", t * 2}}, ValueHooks{}, &call,
+              &tensors);
+  EXPECT_EQ(call.function(), "my.fn");
+  EXPECT_EQ(tensors.size(), 2u);  // out of band, not inside the protobuf
+  rpc::Call parsed;
+  ASSERT_TRUE(parsed.ParseFromString(call.SerializeAsString()));
+  std::vector<c10::IValue> args;
+  Kwargs kwargs;
+  decode_call(parsed, tensors, ValueHooks{}, &args, &kwargs);
+  ASSERT_EQ(args.size(), 3u);
+  EXPECT_TRUE(at::equal(args[0].toTensor(), t));
+  EXPECT_EQ(args[1].toInt(), 3);
+  EXPECT_EQ(args[2].toStringRef(), "s");
+  ASSERT_EQ(kwargs.size(), 2u);
+  EXPECT_EQ(kwargs[0].first, "scale");
+  EXPECT_EQ(kwargs[0].second.toDouble(), 2.5);
+  EXPECT_EQ(kwargs[1].first, "w");
+  EXPECT_TRUE(at::equal(kwargs[1].second.toTensor(), t * 2));
+}
+
+TEST(CallCodec, AnArgumentThatCannotTravelIsNamed) {
+  rpc::Call call;
+  std::vector<at::Tensor> tensors;
+  const c10::IValue device(c10::Device(c10::kCPU));
+  try {
+    encode_call("my.fn", {int64_t{1}}, {{"where", device}}, ValueHooks{}, &call, &tensors);
+    FAIL() << "a device travelled";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+    EXPECT_NE(std::string(e.what()).find("my.fn: kwarg where"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CallCodec, AResultRoundTripsAndMalformedBytesAreAProtocolErrorNamingTheReply) {
+  const Message reply = encode_result(7, c10::IValue(at::ones({4})), "fn: result", ValueHooks{});
+  EXPECT_EQ(reply.type, 7);
+  EXPECT_TRUE(at::equal(decode_result(reply, ValueHooks{}).toTensor(), at::ones({4})));
+  Message bad{7, std::string("\xff\xff\xff", 3), {}};
+  try {
+    decode_result(bad, ValueHooks{}, "to_here reply");
+    FAIL() << "malformed bytes decoded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kProtocol);
+    EXPECT_NE(std::string(e.what()).find("to_here reply"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace drpc
