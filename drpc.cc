@@ -504,44 +504,15 @@ DistributedOptimizer::DistributedOptimizer(const OptimizerSpec& spec, const std:
     : DistributedOptimizer(current_runtime(), spec, params) {}
 
 DistributedOptimizer::DistributedOptimizer(Runtime& runtime, const OptimizerSpec& spec, const std::vector<RRef>& params)
-    : runtime_(runtime) {
-  std::map<std::string, c10::impl::GenericList> by_owner;
-  for (const auto& p : params) {
-    auto it = by_owner.find(p.owner_name());
-    if (it == by_owner.end()) it = by_owner.emplace(p.owner_name(), c10::impl::GenericList(c10::AnyType::get())).first;
-    it->second.push_back(p.to_ivalue());
-  }
-  std::vector<std::pair<std::string, FuturePtr>> created;
-  for (auto& [owner, list] : by_owner) {
-    created.emplace_back(owner, runtime_.rpc_async(owner, "drpc.optim.create",
-                                                   {spec.kind, spec.lr, spec.momentum, spec.beta1, spec.beta2, spec.eps,
-                                                    spec.weight_decay, list}));
-  }
-  for (auto& [owner, future] : created) {
-    future->wait();
-    optimizers_.emplace_back(owner, future->value().toInt());  // rethrows a failed creation
-  }
-}
+    : remote_(
+          [&runtime](const std::string& to, const std::string& fn, std::vector<c10::IValue> args) {
+            return runtime.rpc_async(to, fn, std::move(args));
+          },
+          spec, params) {}
 
-DistributedOptimizer::~DistributedOptimizer() {
-  std::vector<FuturePtr> released;
-  for (const auto& [owner, id] : optimizers_) {
-    try {
-      released.push_back(runtime_.rpc_async(owner, "drpc.optim.release", {id}));
-    } catch (const std::exception&) {
-      // stopped: nothing to release
-    }
-  }
-  for (auto& f : released) f->wait();  // errors (a gone owner) leave nothing to release
-}
+DistributedOptimizer::~DistributedOptimizer() = default;
 
-void DistributedOptimizer::step(int64_t context_id) {
-  std::vector<FuturePtr> steps;
-  for (const auto& [owner, id] : optimizers_) {
-    steps.push_back(runtime_.rpc_async(owner, "drpc.optim.step", {id, context_id}));
-  }
-  wait_all(steps);
-}
+void DistributedOptimizer::step(int64_t context_id) { remote_.step(context_id); }
 
 namespace dist_autograd {
 

@@ -224,8 +224,7 @@ class DistributedOptimizer {
   void step(int64_t context_id);
 
  private:
-  Runtime& runtime_;
-  std::vector<std::pair<std::string, int64_t>> optimizers_;  // owner name, optimizer id there
+  RemoteOptimizers remote_;  // the protocol's client (dist_autograd/optimizer_protocol.h)
 };
 
 // The runtime that free functions use on this thread: inside a function called over RPC,

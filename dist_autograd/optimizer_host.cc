@@ -21,24 +21,19 @@ struct HostedOptimizer {
 class OptimizerHostImpl final : public OptimizerHost {
  public:
   OptimizerHostImpl(AutogradContainer& autograd, FunctionRegistry& functions) : autograd_(autograd) {
-    functions.add("drpc.optim.create", [this](CallArgs& call) { return create(call); });
-    functions.add("drpc.optim.step", [this](CallArgs& call) { return step(call); });
-    functions.add("drpc.optim.release", [this](CallArgs& call) { return release(call); });
+    functions.add(optimizer_protocol::kCreate, [this](CallArgs& call) { return create(call); });
+    functions.add(optimizer_protocol::kStep, [this](CallArgs& call) { return step(call); });
+    functions.add(optimizer_protocol::kRelease, [this](CallArgs& call) { return release(call); });
   }
 
  private:
   c10::IValue create(CallArgs& call) {
-    if (call.args.size() != 8) throw Error(ErrorKind::kBadArgument, "drpc.optim.create takes 8 arguments");
-    OptimizerSpec spec;
-    spec.kind = call.args[0].toStringRef();
-    spec.lr = call.args[1].toDouble();
-    spec.momentum = call.args[2].toDouble();
-    spec.beta1 = call.args[3].toDouble();
-    spec.beta2 = call.args[4].toDouble();
-    spec.eps = call.args[5].toDouble();
-    spec.weight_decay = call.args[6].toDouble();
+    if (call.args.size() != 2 || !call.args[1].isList()) {
+      throw Error(ErrorKind::kBadArgument, std::string(optimizer_protocol::kCreate) + " takes a spec and a list of RRefs");
+    }
+    const OptimizerSpec spec = optimizer_protocol::decode_spec(call.args[0]);
     auto hosted = std::make_shared<HostedOptimizer>();
-    for (const auto& r : call.args[7].toListRef()) {
+    for (const auto& r : call.args[1].toListRef()) {
       RRef rref = RRef::from_ivalue(r);
       hosted->params.push_back(rref.local_value().toTensor());  // kBadArgument unless owned here
     }

@@ -413,6 +413,11 @@ TEST_P(DistAutogradTest, TwoConcurrentContextsOnOneParameterServer) {
 TEST_P(DistAutogradTest, DestroyedDistributedOptimizersLeaveNothingOnTheOwners) {
   Job& job = *job_;
   RRef r1 = RRef::from_ivalue(job[0].rpc_sync("worker1", "ag.make_weight", {int64_t{31}}));
+  // A creation that fails on one owner (its parameter is no tensor) takes back the
+  // optimizers the other owners made.
+  RRef not_a_tensor = job[0].remote("worker2", "aten::add", {int64_t{1}, int64_t{2}});
+  Error e = testing::expect_error([&] { DistributedOptimizer opt(job[0], optim::sgd(0.1), {r1, not_a_tensor}); });
+  EXPECT_TRUE(testing::contains(e.what(), "worker2")) << e.what();
   for (int i = 0; i < 3; ++i) {
     DistributedOptimizer opt(job[0], optim::sgd(0.1), {r1});
     dist_autograd::Context ctx(job[0]);
