@@ -8,6 +8,7 @@
 #include <mutex>
 #include <set>
 
+#include "rref/control_channel.h"
 #include "rref/proto/rref.pb.h"
 
 namespace drpc {
@@ -16,19 +17,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-struct Id {
-  int worker = -1;
-  int64_t local = -1;
-  bool operator<(const Id& o) const { return std::tie(worker, local) < std::tie(o.worker, o.local); }
-  bool operator==(const Id& o) const { return worker == o.worker && local == o.local; }
-  std::string str() const { return std::to_string(worker) + ":" + std::to_string(local); }
-};
-
-Id from_proto(const rref::Id& p) { return Id{p.worker(), p.local()}; }
-void to_proto(const Id& id, rref::Id* p) {
-  p->set_worker(id.worker);
-  p->set_local(id.local);
-}
+using rref_internal::Control;
+using rref_internal::ControlChannel;
+using rref_internal::from_proto;
+using rref_internal::Id;
+using rref_internal::to_proto;
 
 FuturePtr any_future() { return c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get()); }
 
@@ -201,7 +194,6 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
   ContextImpl(RpcAgent& agent, Executor& executor, Run run, Apply apply, const RRefOptions& options)
       : agent_(agent),
         executor_(executor),
-        control_sends_(executor),
         run_(std::move(run)),
         apply_(std::move(apply)),
         options_(options) {}
@@ -223,6 +215,10 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     agent_.register_handler(kRRefApply, handler(&ContextImpl::on_apply), true);
     agent_.add_peer_failure_listener([this](const WorkerInfo& peer, const Error& reason) {
       on_peer_failed(peer, reason);
+    });
+    std::weak_ptr<ContextImpl> weak = weak_from_this();
+    controls_ = ControlChannel::create(agent_, executor_, options_, [weak](const Control& c, std::exception_ptr error) {
+      if (auto self = weak.lock()) self->control_done(c, error);
     });
   }
 
@@ -306,7 +302,8 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
       }
       it = user.alive ? std::next(it) : users_.erase(it);
     }
-    changed_.wait_until(lock, deadline, [&] { return controls_in_flight_ == 0; });
+    lock.unlock();
+    controls_->wait_idle(deadline);
   }
 
   std::vector<std::string> leaks() override {
@@ -327,7 +324,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
       stopped_ = true;
-      waiting_controls_.clear();
+      controls_->stop();
       // Owner records and the replies waiting on their values refer back to this
       // context: break those cycles, or the context and every value it owns would
       // outlive the runtime.
@@ -773,14 +770,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
       for (auto it = fork_parents_.begin(); it != fork_parents_.end();) {
         it = it->second == peer.id ? fork_parents_.erase(it) : std::next(it);
       }
-      for (auto it = waiting_controls_.begin(); it != waiting_controls_.end();) {
-        if (it->second.to == peer.id) {
-          --controls_in_flight_;
-          it = waiting_controls_.erase(it);
-        } else {
-          ++it;
-        }
-      }
+      controls_->peer_failed(peer.id);
     }
     changed_.notify_all();
     const auto lost = std::make_exception_ptr(Error(
@@ -907,101 +897,23 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     return result;
   }
 
-  // Control messages are idempotent: sent with a deadline and retried with backoff.
-  struct Control {
-    int to = -1;
-    int32_t type = 0;
-    Id rref, fork;
-    int attempt = 0;
-  };
-
+  // Control messages go through the channel, which retries them; the outcome of each
+  // comes back to control_done.
   void send_control_locked(int to, int32_t type, const Id& rref, const Id& fork) {
     if (failed_workers_.count(to) || stopped_) return;  // nobody there to tell
-    ++controls_in_flight_;
-    schedule_control_locked(Control{to, type, rref, fork, 0}, milliseconds(0));
+    controls_->send(Control{to, type, rref, fork});
   }
 
-  // Every attempt is sent from one strand, so first attempts leave in the order the
-  // protocol made them; a retry waits on the executor's clock first. The control waits in
-  // waiting_controls_ until then, where a peer's failure or shutdown can withdraw it.
-  void schedule_control_locked(Control c, milliseconds delay) {
-    const int64_t key = ++last_waiting_control_;
-    waiting_controls_.emplace(key, c);
-    std::weak_ptr<ContextImpl> weak = weak_from_this();
-    auto send = [weak, key] {
-      if (auto self = weak.lock()) self->send_waiting_control(key);
-    };
-    if (delay.count() == 0) {
-      control_sends_.post(std::move(send));
-    } else {
-      executor_.run_after(delay, [weak, send = std::move(send)]() mutable {
-        if (auto self = weak.lock()) self->control_sends_.post(std::move(send));
-      });
-    }
-  }
-
-  void send_waiting_control(int64_t key) {
-    Control c;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = waiting_controls_.find(key);
-      if (it == waiting_controls_.end() || stopped_) return;  // withdrawn
-      c = it->second;
-      waiting_controls_.erase(it);
-    }
-    send_control(c);
-  }
-
-  void send_control(Control c) {
-    rref::Control control;
-    to_proto(c.rref, control.mutable_rref());
-    to_proto(c.fork, control.mutable_fork());
-    FuturePtr reply;
-    try {
-      reply = agent_.send(agent_.worker(c.to), Message{c.type, control.SerializeAsString(), {}},
-                          options_.control_timeout, "RRef control message " + std::to_string(c.type));
-    } catch (const Error& e) {
-      control_done(c, std::current_exception());
-      return;
-    }
-    auto self = shared_from_this();
-    reply->addCallback([self, c](c10::ivalue::Future& done) {
-      self->control_done(c, done.hasError() ? done.exception_ptr() : nullptr);
-    });
-  }
-
-  void control_done(Control c, std::exception_ptr error) {
-    bool fork_confirmed = false;
-    bool fork_refused = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (error && !stopped_ && c.attempt + 1 < options_.control_attempts) {
-        bool retry = true;
-        try {
-          std::rethrow_exception(error);
-        } catch (const Error& e) {
-          retry = e.kind() == ErrorKind::kTimeout;  // a gone peer will not come back
-        } catch (...) {
-        }
-        if (retry) {
-          ++c.attempt;
-          schedule_control_locked(c, milliseconds(20) * (1 << std::min(c.attempt, 8)));
-          return;
-        }
-      }
-      if (error) {
-        LOG(WARNING) << self().name << ": RRef control message " << c.type << " for " << c.rref.str()
-                     << " gave up: " << describe(error);
-      }
-      --controls_in_flight_;
-      fork_confirmed = !error && c.type == kRRefForkRequest;
-      fork_refused = error && c.type == kRRefForkRequest && definitive(error);
-    }
+  void control_done(const Control& c, std::exception_ptr error) {
     changed_.notify_all();
-    if (fork_confirmed) confirmed(c.fork);
-    // The owner will never know the fork (the RRef is gone there): its uses fail with
-    // the owner's answer, and nothing waits for a confirmation.
-    if (fork_refused) confirmed(c.fork, error);
+    if (c.type != kRRefForkRequest) return;
+    if (!error) {
+      confirmed(c.fork);
+    } else if (definitive(error)) {
+      // The owner will never know the fork (the RRef is gone there): its uses fail with
+      // the owner's answer, and nothing waits for a confirmation.
+      confirmed(c.fork, error);
+    }
   }
 
   // An answer from the peer itself, not a lost message or a gone peer.
@@ -1016,21 +928,15 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     }
   }
 
-  static std::string describe(std::exception_ptr e) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      return ex.what();
-    }
-  }
+
 
   RpcAgent& agent_;
   Executor& executor_;
-  Strand control_sends_;
   const Run run_;
   const Apply apply_;
   const RRefOptions options_;
   std::atomic<int64_t> next_local_{0};
+  std::shared_ptr<ControlChannel> controls_;  // set by install()
   std::mutex remote_mu_;  // orders remote calls' ids with their sending
 
   std::mutex mu_;
@@ -1057,9 +963,6 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
   std::map<Id, int> fork_parents_;                                  // received fork -> who shared it
   std::set<Id> placeholders_;            // records made by requests that overtook their remote call
   std::map<int, int64_t> latest_remote_call_;  // creator -> highest id of its remote calls here
-  std::map<int64_t, Control> waiting_controls_;  // by key: controls waiting for their next attempt
-  int64_t last_waiting_control_ = 0;
-  int64_t controls_in_flight_ = 0;
   int64_t live_owner_values_ = 0;
   bool stopped_ = false;
 };

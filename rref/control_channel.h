@@ -1,0 +1,84 @@
+#pragma once
+
+// The RRef protocol's control messages (fork requests, child accepts, user deletes) and
+// their delivery: each is idempotent, so it is sent with a deadline and, when it times
+// out, sent again with exponential backoff on the executor's clock, until the peer
+// answers, the peer is gone, or the attempts run out. First attempts leave in the order
+// they were made (one strand), as the protocol sends them.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include "common/executor.h"
+#include "rpc/rpc_agent.h"
+#include "rref/rref_context.h"
+#include "rref/rref_id.h"
+
+namespace drpc {
+namespace rref_internal {
+
+struct Control {
+  int to = -1;
+  int32_t type = 0;  // kRRefForkRequest, kRRefChildAccept, kRRefUserDelete
+  Id rref, fork;
+};
+
+class ControlChannel : public std::enable_shared_from_this<ControlChannel> {
+ public:
+  // A control's outcome: nullptr once its peer answered, else the error it gave up on
+  // (not called for controls withdrawn by peer_failed() or stop()). Called once per
+  // control, without the channel's lock, on whichever thread learnt it.
+  using Done = std::function<void(const Control& control, std::exception_ptr error)>;
+
+  // `agent` and `executor` are borrowed and must outlive the channel or its stop().
+  static std::shared_ptr<ControlChannel> create(RpcAgent& agent, Executor& executor, const RRefOptions& options,
+                                                Done done);
+  ControlChannel(const ControlChannel&) = delete;
+  ControlChannel& operator=(const ControlChannel&) = delete;
+
+  // Queues `control`; never sends on this thread, so it may be called under the caller's
+  // lock. Dropped after stop() or when its peer is known gone. Thread-safe.
+  void send(const Control& control);
+  // `peer` is gone: its waiting controls are withdrawn, later ones dropped. Thread-safe.
+  void peer_failed(int peer);
+  // Waits until no control is queued, waiting for a retry or awaiting its answer; false
+  // if `deadline` came first. Thread-safe.
+  bool wait_idle(std::chrono::steady_clock::time_point deadline);
+  // Stops sending and retrying. Idempotent.
+  void stop();
+
+ private:
+  struct Attempt {
+    Control control;
+    int attempt = 0;
+  };
+  ControlChannel(RpcAgent& agent, Executor& executor, const RRefOptions& options, Done done);
+  void schedule_locked(Attempt a, std::chrono::milliseconds delay);
+  void send_waiting(int64_t key);
+  void sent(Attempt a, std::exception_ptr error);
+  void finished_locked();
+
+  RpcAgent& agent_;
+  Executor& executor_;
+  Strand sends_;
+  const RRefOptions options_;
+  const Done done_;
+  std::mutex mu_;
+  std::condition_variable idle_;
+  // Guarded by mu_.
+  std::map<int64_t, Attempt> waiting_;  // by key: attempts waiting to be sent
+  int64_t last_key_ = 0;
+  int64_t in_flight_ = 0;  // controls neither answered nor given up nor withdrawn
+  std::set<int> gone_;
+  bool stopped_ = false;
+};
+
+}  // namespace rref_internal
+}  // namespace drpc

@@ -1,0 +1,29 @@
+#pragma once
+
+// An RRef's or a fork's id (its creating worker and a counter there), and its wire form.
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+
+#include "rref/proto/rref.pb.h"
+
+namespace drpc {
+namespace rref_internal {
+
+struct Id {
+  int worker = -1;
+  int64_t local = -1;
+  bool operator<(const Id& o) const { return std::tie(worker, local) < std::tie(o.worker, o.local); }
+  bool operator==(const Id& o) const { return worker == o.worker && local == o.local; }
+  std::string str() const { return std::to_string(worker) + ":" + std::to_string(local); }
+};
+
+inline Id from_proto(const rref::Id& p) { return Id{p.worker(), p.local()}; }
+inline void to_proto(const Id& id, rref::Id* p) {
+  p->set_worker(id.worker);
+  p->set_local(id.local);
+}
+
+}  // namespace rref_internal
+}  // namespace drpc
