@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 #include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/client_callback.h>
 #include <grpcpp/support/server_callback.h>
@@ -669,9 +670,7 @@ ClientPeer::ClientPeer(GrpcTransport& transport, int peer, const std::string& ad
 
 void ClientPeer::start() {
   transport_.reactor_started();
-  const grpc::internal::RpcMethod method(kExchangeMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
-  grpc::internal::ClientCallbackReaderWriterFactory<Buffer, Buffer>::Create(channel_.get(), method, &context_,
-                                                                            this);
+  grpc::GenericStub(channel_).PrepareBidiStreamingCall(&context_, kExchangeMethod, grpc::StubOptions(), this);
   // Hold the call open until OnDone even when no read or write is pending.
   AddHold();
   transport_.outbox(peer_).send(transport_.hello_frame(), nullptr);
