@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "process_group/frame.h"
 #include "process_group/grpc_security.h"
 
 #ifdef DRPC_TSAN
@@ -55,43 +56,33 @@ using SendCallback = std::function<void(std::exception_ptr)>;
 using Buffer = grpc::ByteBuffer;
 
 constexpr char kExchangeMethod[] = "/drpc.pg.Peer/Exchange";
-// Tensors this small are copied next to the header: one slice is cheaper than a
-// zero-copy slice with its own release callback.
-constexpr size_t kInlineBytes = 16 * 1024;
 // How long a leaving rank waits for its peers to acknowledge its goodbye.
 constexpr std::chrono::milliseconds kGoodbyeTimeout{2000};
 
-// Appends one frame, [u32 header length][header][tensor bytes], to `slices`. Small tensors
-// are copied beside the header; large ones are slices over their own storage, which the
-// slice keeps alive until gRPC has written it.
+// A frame's pieces as gRPC slices: copied pieces in slices of their own, tensors in place
+// (the slice keeps its tensor alive until gRPC has written it).
+class Slices final : public FramePieces {
+ public:
+  explicit Slices(std::vector<grpc::Slice>* slices) : slices_(slices) {}
+  void add_bytes(size_t size, const std::function<void(uint8_t*)>& fill) override {
+    grpc_slice slice = grpc_slice_malloc(size);
+    fill(GRPC_SLICE_START_PTR(slice));  // before the move below: a small slice holds its bytes inline
+    slices_->emplace_back(slice, grpc::Slice::STEAL_REF);
+  }
+  void add_tensor(const at::Tensor& t) override {
+    slices_->emplace_back(t.data_ptr(), t.nbytes(), [](void* p) { delete static_cast<at::Tensor*>(p); },
+                          new at::Tensor(t));
+  }
+
+ private:
+  std::vector<grpc::Slice>* slices_;
+};
+
+// Appends one frame's slices to `slices`.
 void encode_frame(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
                   std::vector<grpc::Slice>* slices) {
-  const size_t header_size = header.ByteSizeLong();
-  size_t head_size = 4 + header_size;
-  size_t i = 0;
-  // Copy the leading run of small tensors into the head slice.
-  for (; i < tensors.size() && tensors[i].nbytes() <= kInlineBytes; ++i) head_size += tensors[i].nbytes();
-  grpc_slice head = grpc_slice_malloc(head_size);
-  uint8_t* out = GRPC_SLICE_START_PTR(head);
-  const uint32_t len = static_cast<uint32_t>(header_size);
-  std::memcpy(out, &len, 4);  // little-endian hosts only (x86_64, aarch64)
-  header.SerializeWithCachedSizesToArray(out + 4);
-  out += 4 + header_size;
-  for (size_t j = 0; j < i; ++j) {
-    if (tensors[j].nbytes()) std::memcpy(out, tensors[j].data_ptr(), tensors[j].nbytes());
-    out += tensors[j].nbytes();
-  }
-  slices->emplace_back(head, grpc::Slice::STEAL_REF);
-  for (; i < tensors.size(); ++i) {
-    const at::Tensor& t = tensors[i];
-    if (t.nbytes() == 0) continue;
-    if (t.nbytes() <= kInlineBytes) {
-      slices->emplace_back(t.data_ptr(), t.nbytes());  // copies
-    } else {
-      slices->emplace_back(t.data_ptr(), t.nbytes(),
-                           [](void* p) { delete static_cast<at::Tensor*>(p); }, new at::Tensor(t));
-    }
-  }
+  Slices out(slices);
+  drpc::encode_frame(header, tensors, out);
 }
 
 // Reads a gRPC message made of one or more frames, without copying tensor bytes.
