@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "process_group/connection_protocol.h"
 #include "process_group/frame.h"
 #include "process_group/grpc_security.h"
 
@@ -85,13 +86,23 @@ void encode_frame(const pg::FrameHeader& header, const std::vector<at::Tensor>& 
   drpc::encode_frame(header, tensors, out);
 }
 
+// A gRPC message's slices, and spans over their bytes.
+struct Message {
+  std::shared_ptr<std::vector<grpc::Slice>> slices = std::make_shared<std::vector<grpc::Slice>>();
+  std::vector<ByteSpan> pieces;
+};
+
+Message read_message(Buffer& buffer) {
+  Message message;
+  if (!buffer.Dump(message.slices.get()).ok()) throw Error(ErrorKind::kProtocol, "unreadable message");
+  for (const auto& s : *message.slices) message.pieces.push_back(ByteSpan{s.begin(), s.size()});
+  return message;
+}
+
 // Reads a gRPC message made of one or more frames, without copying tensor bytes.
 std::vector<Frame> decode_frames(Buffer& buffer, int source) {
-  auto slices = std::make_shared<std::vector<grpc::Slice>>();
-  if (!buffer.Dump(slices.get()).ok()) throw Error(ErrorKind::kProtocol, "unreadable message");
-  std::vector<ByteSpan> pieces;
-  for (const auto& s : *slices) pieces.push_back(ByteSpan{s.begin(), s.size()});
-  return decode_wire_frames(pieces, slices, source);
+  Message message = read_message(buffer);
+  return decode_wire_frames(message.pieces, message.slices, source);
 }
 
 grpc::ChannelArguments channel_arguments() {
@@ -260,7 +271,13 @@ class PeerService final : public grpc::CallbackGenericService {
 class GrpcTransport final : public Transport {
  public:
   GrpcTransport(Store& store, int rank, int size, const GrpcTransportOptions& options, FrameSink& sink)
-      : rank_(rank), size_(size), options_(options), sink_(sink), service_(*this) {
+      : rank_(rank),
+        size_(size),
+        options_(options),
+        sink_(sink),
+        protocol_({rank, size, options.security.token, options.group_name}, options.heartbeat_interval,
+                  options.heartbeat_misses),
+        service_(*this) {
     if (size <= 0) throw Error(ErrorKind::kBadArgument, "world size must be positive, got " + std::to_string(size));
     if (rank < 0 || rank >= size) {
       throw Error(ErrorKind::kBadArgument, "rank " + std::to_string(rank) +
@@ -300,26 +317,15 @@ class GrpcTransport final : public Transport {
     }
     // Say goodbye and wait for each peer's acknowledgement: it proves the peer has read
     // everything sent before, which cancelling the streams could otherwise discard.
-    pg::FrameHeader goodbye;
-    goodbye.set_kind(pg::FrameHeader::GOODBYE);
     std::vector<int> waiting;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_ || !is_connected(r)) continue;
+    for (int r : protocol_.connected_peers()) {
       try {
-        send(r, goodbye, {}, nullptr);
+        send(r, control_header(pg::FrameHeader::GOODBYE), {}, nullptr);
         waiting.push_back(r);
       } catch (const Error&) {
       }
     }
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      changed_.wait_for(lock, kGoodbyeTimeout, [&] {
-        for (int r : waiting) {
-          if (!peers_[r]->acked_goodbye && !peers_[r]->lost) return false;
-        }
-        return true;
-      });
-    }
+    protocol_.wait_goodbyes_acknowledged(waiting, kGoodbyeTimeout);
     stopping_ = true;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -353,75 +359,42 @@ class GrpcTransport final : public Transport {
 
   Outbox& outbox(int peer) { return peers_[peer]->outbox; }
 
-  // Empty if `hello` may join this rank's group, else why not.
-  std::string check_hello(const pg::FrameHeader& hello) {
-    if (hello.kind() != pg::FrameHeader::HELLO) return "first frame is not a hello";
-    if (!token_matches(hello.token(), options_.security.token)) return "wrong or missing job token";
-    if (hello.group() != options_.group_name) {
-      return "peer belongs to group '" + hello.group() + "', not '" + options_.group_name + "'";
+  // Reads a dialling peer's first message: its rank, or why it may not join.
+  HelloVerdict accept_hello(Buffer& buffer) {
+    try {
+      Message message = read_message(buffer);
+      return protocol_.accept_hello(message.pieces);
+    } catch (const Error& e) {
+      return HelloVerdict{-1, e.what()};
     }
-    if (hello.world_size() != size_) {
-      return "peer has world size " + std::to_string(hello.world_size()) + ", this rank has " +
-             std::to_string(size_);
-    }
-    if (hello.rank() < 0 || hello.rank() >= rank_) {
-      return "peer claims rank " + std::to_string(hello.rank()) + ", which does not dial rank " +
-             std::to_string(rank_);
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (peers_[hello.rank()]->connected || peers_[hello.rank()]->server_attached) {
-      return "rank " + std::to_string(hello.rank()) + " is already connected";
-    }
-    peers_[hello.rank()]->server_attached = true;
-    return "";
   }
 
   std::vector<grpc::Slice> hello_frame() const {
-    pg::FrameHeader hello;
-    hello.set_kind(pg::FrameHeader::HELLO);
-    hello.set_rank(rank_);
-    hello.set_world_size(size_);
-    hello.set_token(options_.security.token);
-    hello.set_group(options_.group_name);
     std::vector<grpc::Slice> slices;
-    encode_frame(hello, {}, &slices);
+    encode_frame(hello_header(protocol_.self()), {}, &slices);
     return slices;
   }
 
-  void mark_connected(int peer, std::string address) {
-    heard_from(peer);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      peers_[peer]->connected = true;
-      peers_[peer]->address = std::move(address);
-    }
-    changed_.notify_all();
-  }
+  void mark_connected(int peer, std::string address) { protocol_.connected(peer, std::move(address), Clock::now()); }
 
   // Our stream to `peer` ended before the peer answered our hello. Only UNAUTHENTICATED is
-  // the peer's own verdict (check_hello): gRPC ends a stream whose connection broke with
+  // the peer's own verdict (accept_hello): gRPC ends a stream whose connection broke with
   // UNAVAILABLE ("Socket closed" when the peer's end went away), which says nothing about
   // our credentials.
   void mark_ended_before_answer(int peer, const grpc::Status& status) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      Peer& p = *peers_[peer];
-      if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-        p.refusal = status.error_message().empty() ? "no reason given" : status.error_message();
-      } else {
-        p.failure = "the connection to rank " + std::to_string(peer) + " (" + p.address + ") ended before rank " +
-                    std::to_string(peer) + " answered rank " + std::to_string(rank_) + "'s hello (gRPC status " +
-                    std::to_string(status.error_code()) + ": " + status.error_message() + ")";
-      }
+    if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      protocol_.refused(peer, status.error_message());
+    } else {
+      protocol_.ended_before_answer(
+          peer, "gRPC status " + std::to_string(status.error_code()) + ": " + status.error_message());
     }
-    changed_.notify_all();
   }
 
   // Decodes and delivers one message from `peer`; returns false (after reporting the
   // peer lost) if it was malformed.
   bool deliver(int peer, Buffer& buffer) {
-    if (peers_[peer]->lost.load()) return false;  // declared failed: nothing more is believed
-    heard_from(peer);
+    if (protocol_.is_lost(peer)) return false;  // declared failed: nothing more is believed
+    protocol_.heard_from(peer, Clock::now());
     std::vector<Frame> frames;
     try {
       frames = decode_frames(buffer, peer);
@@ -432,16 +405,10 @@ class GrpcTransport final : public Transport {
       return false;
     }
     for (auto& frame : frames) {
-      switch (frame.header.kind()) {
-        case pg::FrameHeader::GOODBYE: {
-          {
-            std::lock_guard<std::mutex> lock(mu_);
-            peers_[peer]->said_goodbye = true;
-          }
-          pg::FrameHeader ack;
-          ack.set_kind(pg::FrameHeader::GOODBYE_ACK);
+      switch (protocol_.on_frame(peer, frame.header)) {
+        case FrameAction::kAcknowledgeGoodbye: {
           std::vector<grpc::Slice> slices;
-          encode_frame(ack, {}, &slices);
+          encode_frame(control_header(pg::FrameHeader::GOODBYE_ACK), {}, &slices);
           try {
             peers_[peer]->outbox.send(std::move(slices), nullptr);
           } catch (const Error&) {
@@ -449,16 +416,9 @@ class GrpcTransport final : public Transport {
           }
           break;
         }
-        case pg::FrameHeader::GOODBYE_ACK: {
-          std::lock_guard<std::mutex> lock(mu_);
-          peers_[peer]->acked_goodbye = true;
-          changed_.notify_all();
+        case FrameAction::kIgnore:
           break;
-        }
-        case pg::FrameHeader::HELLO:
-        case pg::FrameHeader::HEARTBEAT:
-          break;
-        default:
+        case FrameAction::kDeliver:
           if (!stopping_) sink_.on_frame(std::move(frame));
       }
     }
@@ -467,84 +427,41 @@ class GrpcTransport final : public Transport {
 
   // The stream to `peer` is gone; tells the sink once.
   void lost(int peer, const Error& why) {
-    std::string reason = why.message();
-    bool was_connected;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      Peer& p = *peers_[peer];
-      if (p.lost) return;
-      p.lost = true;
-      was_connected = p.connected;
-      if (p.said_goodbye) reason = "rank " + std::to_string(peer) + " shut down";
-    }
-    changed_.notify_all();  // a leaving rank stops waiting for this peer's goodbye
-    const Error error(why.kind(), reason);
-    peers_[peer]->outbox.close(error);
+    const std::optional<ConnectionProtocol::Loss> loss = protocol_.lose(peer, why);
+    if (!loss) return;
+    peers_[peer]->outbox.close(loss->error);
     if (peers_[peer]->client) peers_[peer]->client->cancel();
-    if (!stopping_ && was_connected) sink_.on_peer_failed(peer, error);
+    if (!stopping_ && loss->was_connected) sink_.on_peer_failed(peer, loss->error);
   }
 
-  Error lost_error(int peer) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return Error(ErrorKind::kPeerUnavailable, "connection to rank " + std::to_string(peer) + " (" +
-                                                  peers_[peer]->address + ") was lost");
-  }
+  Error lost_error(int peer) { return protocol_.lost_error(peer); }
 
   bool stopping() const { return stopping_; }
   int my_rank() const { return rank_; }
   const SecurityOptions& security() const { return options_.security; }
 
  private:
+  // The network side of one peer; the connection's state is protocol_'s.
   struct Peer {
     Outbox outbox;
     std::unique_ptr<ClientPeer> client;  // when this rank dials the peer
-    // Guarded by GrpcTransport::mu_.
-    std::string address;
-    bool connected = false;
-    bool server_attached = false;
-    bool said_goodbye = false;
-    bool acked_goodbye = false;
-    std::atomic<bool> lost{false};  // written under mu_
-    std::string refusal;  // why the peer refused our hello
-    std::string failure;  // how our stream ended before the peer answered, if not refused
-    std::atomic<int64_t> last_heard_ns{0};  // steady clock; when anything last arrived
   };
-
-  void heard_from(int peer) {
-    peers_[peer]->last_heard_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-  }
 
   // Sends each live peer a heartbeat every interval and declares failed those silent for
   // heartbeat_misses intervals: a stopped or hung process keeps its TCP connection open,
   // so only silence tells.
   void heartbeat_loop() {
-    const auto interval = options_.heartbeat_interval;
-    const auto window = interval * options_.heartbeat_misses;
-    pg::FrameHeader beat;
-    beat.set_kind(pg::FrameHeader::HEARTBEAT);
     std::unique_lock<std::mutex> lock(mu_);
-    while (!changed_.wait_for(lock, interval, [&] { return heartbeat_stop_; })) {
-      std::vector<int> live;
-      for (int r = 0; r < size_; ++r) {
-        const Peer& p = *peers_[r];
-        if (r != rank_ && p.connected && !p.lost && !p.said_goodbye) live.push_back(r);
-      }
+    while (!changed_.wait_for(lock, options_.heartbeat_interval, [&] { return heartbeat_stop_; })) {
       lock.unlock();
-      const int64_t now = Clock::now().time_since_epoch().count();
-      for (int r : live) {
-        const auto silent = std::chrono::duration_cast<milliseconds>(
-            std::chrono::nanoseconds(now - peers_[r]->last_heard_ns.load(std::memory_order_relaxed)));
-        if (silent > window) {
-          const std::string reason = "rank " + std::to_string(r) + " (" + peer_address(r) + ") sent nothing for " +
-                                     std::to_string(silent.count()) + " ms (" +
-                                     std::to_string(options_.heartbeat_misses) + " heartbeats of " +
-                                     std::to_string(interval.count()) + " ms missed): declared failed";
-          LOG(ERROR) << "rank " << rank_ << ": " << reason;
-          lost(r, Error(ErrorKind::kPeerUnavailable, reason));
-          continue;
-        }
+      ConnectionProtocol::HeartbeatRound round = protocol_.check_heartbeats(Clock::now());
+      for (const auto& [r, why] : round.lost) {
+        LOG(ERROR) << "rank " << rank_ << ": " << why.message();
+        lost(r, why);
+      }
+      for (int r : round.beat) {
         std::vector<grpc::Slice> slices;
-        encode_frame(beat, {}, &slices);
+        encode_frame(control_header(pg::FrameHeader::HEARTBEAT), {}, &slices);
         try {
           peers_[r]->outbox.send(std::move(slices), nullptr);
         } catch (const Error&) {
@@ -553,16 +470,6 @@ class GrpcTransport final : public Transport {
       }
       lock.lock();
     }
-  }
-
-  std::string peer_address(int r) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return peers_[r]->address;
-  }
-
-  bool is_connected(int r) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return peers_[r]->connected && !peers_[r]->lost;
   }
 
   void start_server() {
@@ -591,49 +498,18 @@ class GrpcTransport final : public Transport {
     for (int r = rank_ + 1; r < size_; ++r) {
       const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
       const std::string address = store.get("addr/" + std::to_string(r), std::max(left, milliseconds(1)));
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        peers_[r]->address = address;
-      }
+      protocol_.set_address(r, address);
       peers_[r]->client = std::make_unique<ClientPeer>(*this, r, address);
       peers_[r]->client->start();
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    std::string refused, failed;
-    auto all_connected = [&] {
-      bool all = true;
-      for (int r = 0; r < size_; ++r) {
-        if (!peers_[r]->refusal.empty()) {
-          refused = "rank " + std::to_string(r) + " refused rank " + std::to_string(rank_) + ": " +
-                    peers_[r]->refusal;
-          return true;
-        }
-        if (!peers_[r]->failure.empty()) {
-          failed = "rank " + std::to_string(rank_) + ": " + peers_[r]->failure;
-          return true;
-        }
-        if (r != rank_ && !peers_[r]->connected) all = false;
-      }
-      return all;
-    };
-    const bool done = changed_.wait_until(lock, deadline, all_connected);
-    if (!refused.empty()) throw Error(ErrorKind::kUnauthenticated, refused);
-    if (!failed.empty()) throw Error(ErrorKind::kPeerUnavailable, failed);
-    if (!done) {
-      std::string missing;
-      for (int r = 0; r < size_; ++r) {
-        if (r != rank_ && !peers_[r]->connected) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      }
-      throw Error(ErrorKind::kTimeout, "rank " + std::to_string(rank_) + ": ranks " + missing +
-                                           " did not connect within " +
-                                           std::to_string(options_.connect_timeout.count()) + " ms");
-    }
+    protocol_.wait_connected(deadline, options_.connect_timeout);
   }
 
   const int rank_;
   const int size_;
   const GrpcTransportOptions options_;
   FrameSink& sink_;
+  ConnectionProtocol protocol_;
   PeerService service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
@@ -733,22 +609,14 @@ void ServerPeer::OnReadDone(bool ok) {
     return;
   }
   if (peer_ < 0) {
-    std::string problem;
-    int rank = -1;
-    try {
-      auto frames = decode_frames(read_buffer_, -1);
-      problem = frames.size() == 1 ? transport_.check_hello(frames[0].header) : "expected one hello frame";
-      if (problem.empty()) rank = frames[0].header.rank();
-    } catch (const Error& e) {
-      problem = e.what();
-    }
-    if (!problem.empty()) {
+    const HelloVerdict hello = transport_.accept_hello(read_buffer_);
+    if (!hello.problem.empty()) {
       LOG(WARNING) << "rank " << transport_.my_rank() << ": refused a connection from " << context_->peer()
-                   << ": " << problem;
-      finish_once(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, problem));
+                   << ": " << hello.problem;
+      finish_once(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, hello.problem));
       return;
     }
-    peer_ = rank;
+    peer_ = hello.rank;
     transport_.outbox(peer_).send(transport_.hello_frame(), nullptr);  // the acknowledgement
     transport_.outbox(peer_).attach([this](Buffer* b) {
       happens_before(this);
