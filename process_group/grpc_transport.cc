@@ -9,14 +9,12 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <cstring>
-#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
 
 #include "process_group/connection_protocol.h"
-#include "process_group/frame.h"
+#include "process_group/grpc_outbox.h"
 #include "process_group/grpc_security.h"
 
 #ifdef DRPC_TSAN
@@ -60,32 +58,6 @@ constexpr char kExchangeMethod[] = "/drpc.pg.Peer/Exchange";
 // How long a leaving rank waits for its peers to acknowledge its goodbye.
 constexpr std::chrono::milliseconds kGoodbyeTimeout{2000};
 
-// A frame's pieces as gRPC slices: copied pieces in slices of their own, tensors in place
-// (the slice keeps its tensor alive until gRPC has written it).
-class Slices final : public FramePieces {
- public:
-  explicit Slices(std::vector<grpc::Slice>* slices) : slices_(slices) {}
-  void add_bytes(size_t size, const std::function<void(uint8_t*)>& fill) override {
-    grpc_slice slice = grpc_slice_malloc(size);
-    fill(GRPC_SLICE_START_PTR(slice));  // before the move below: a small slice holds its bytes inline
-    slices_->emplace_back(slice, grpc::Slice::STEAL_REF);
-  }
-  void add_tensor(const at::Tensor& t) override {
-    slices_->emplace_back(t.data_ptr(), t.nbytes(), [](void* p) { delete static_cast<at::Tensor*>(p); },
-                          new at::Tensor(t));
-  }
-
- private:
-  std::vector<grpc::Slice>* slices_;
-};
-
-// Appends one frame's slices to `slices`.
-void encode_frame(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
-                  std::vector<grpc::Slice>* slices) {
-  Slices out(slices);
-  drpc::encode_frame(header, tensors, out);
-}
-
 // A gRPC message's slices, and spans over their bytes.
 struct Message {
   std::shared_ptr<std::vector<grpc::Slice>> slices = std::make_shared<std::vector<grpc::Slice>>();
@@ -118,104 +90,6 @@ grpc::ChannelArguments channel_arguments() {
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 * 1024 * 1024);
   return args;
 }
-
-// The outgoing side of one peer's stream: a queue of frames, written one gRPC message at
-// a time; whatever queued up while a write was in flight goes out together in the next.
-class Outbox {
- public:
-  // `start_write` starts a write on the stream; it is called with no lock held.
-  void attach(std::function<void(Buffer*)> start_write) {
-    std::unique_lock<std::mutex> lock(mu_);
-    start_write_ = std::move(start_write);
-    maybe_start(lock);
-  }
-
-  // Queues a frame; throws if the stream is closed. See Transport::send.
-  void send(std::vector<grpc::Slice> slices, SendCallback on_sent) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (closed_) throw *closed_;
-    for (auto& s : slices) queued_slices_.push_back(std::move(s));
-    queued_callbacks_.push_back(std::move(on_sent));
-    maybe_start(lock);
-  }
-
-  // The write started last has finished.
-  void on_write_done(bool ok, const std::function<Error()>& why_not) {
-    happens_after(&buffer_);  // gRPC is done with the buffer: the next write may replace it
-    std::vector<SendCallback> done;
-    std::unique_lock<std::mutex> lock(mu_);
-    done.swap(in_flight_);
-    writing_ = false;
-    if (!ok && !closed_) close_locked(why_not());
-    std::exception_ptr error = closed_ && !ok ? std::make_exception_ptr(*closed_) : nullptr;
-    maybe_start(lock);  // unlocks
-    for (auto& cb : done) {
-      if (cb) cb(error);
-    }
-  }
-
-  // No more frames: queued ones fail with `why`. Returns whether a write is still in flight.
-  bool close(const Error& why) {
-    std::vector<SendCallback> failed;
-    bool writing;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!closed_) close_locked(why);
-      failed.swap(failed_);
-      writing = writing_;
-    }
-    auto error = std::make_exception_ptr(why);
-    for (auto& cb : failed) {
-      if (cb) cb(error);
-    }
-    return writing;
-  }
-
-  bool writing() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return writing_;
-  }
-
- private:
-  void close_locked(const Error& why) {
-    closed_ = why;
-    queued_slices_.clear();
-    for (auto& cb : queued_callbacks_) failed_.push_back(std::move(cb));
-    queued_callbacks_.clear();
-  }
-
-  // Starts the next write if the stream is idle and frames wait. Releases the lock.
-  void maybe_start(std::unique_lock<std::mutex>& lock) {
-    if (writing_ || !start_write_ || queued_callbacks_.empty() || closed_) {
-      std::vector<SendCallback> failed;
-      failed.swap(failed_);
-      const std::optional<Error> why = closed_;
-      lock.unlock();
-      for (auto& cb : failed) {
-        if (cb) cb(std::make_exception_ptr(*why));
-      }
-      return;
-    }
-    writing_ = true;
-    buffer_ = Buffer(queued_slices_.data(), queued_slices_.size());
-    queued_slices_.clear();
-    in_flight_.swap(queued_callbacks_);
-    auto start = start_write_;
-    lock.unlock();
-    start(&buffer_);
-  }
-
-  std::mutex mu_;
-  // Guarded by mu_.
-  std::function<void(Buffer*)> start_write_;
-  std::vector<grpc::Slice> queued_slices_;
-  std::vector<SendCallback> queued_callbacks_;
-  std::vector<SendCallback> in_flight_;
-  std::vector<SendCallback> failed_;  // to be told, outside the lock
-  bool writing_ = false;
-  std::optional<Error> closed_;
-  Buffer buffer_;  // the message in flight; untouched until its write completes
-};
 
 class GrpcTransport;
 
@@ -304,9 +178,7 @@ class GrpcTransport final : public Transport {
   void send(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
             SendCallback on_sent) override {
     if (stopping_) throw Error(ErrorKind::kShutdown, "rank " + std::to_string(rank_) + " is shutting down");
-    std::vector<grpc::Slice> slices;
-    encode_frame(header, tensors, &slices);
-    peers_.at(dst)->outbox.send(std::move(slices), std::move(on_sent));
+    peers_.at(dst)->outbox.send(header, tensors, std::move(on_sent));
   }
 
   void shutdown() override {
@@ -369,11 +241,8 @@ class GrpcTransport final : public Transport {
     }
   }
 
-  std::vector<grpc::Slice> hello_frame() const {
-    std::vector<grpc::Slice> slices;
-    encode_frame(hello_header(protocol_.self()), {}, &slices);
-    return slices;
-  }
+  // Queues this rank's hello: the first frame on a stream, either way.
+  void send_hello(int peer) { peers_[peer]->outbox.send(hello_header(protocol_.self()), {}, nullptr); }
 
   void mark_connected(int peer, std::string address) { protocol_.connected(peer, std::move(address), Clock::now()); }
 
@@ -407,10 +276,8 @@ class GrpcTransport final : public Transport {
     for (auto& frame : frames) {
       switch (protocol_.on_frame(peer, frame.header)) {
         case FrameAction::kAcknowledgeGoodbye: {
-          std::vector<grpc::Slice> slices;
-          encode_frame(control_header(pg::FrameHeader::GOODBYE_ACK), {}, &slices);
           try {
-            peers_[peer]->outbox.send(std::move(slices), nullptr);
+            peers_[peer]->outbox.send(control_header(pg::FrameHeader::GOODBYE_ACK), {}, nullptr);
           } catch (const Error&) {
             // We are leaving too; the peer stops waiting when our stream closes.
           }
@@ -460,10 +327,8 @@ class GrpcTransport final : public Transport {
         lost(r, why);
       }
       for (int r : round.beat) {
-        std::vector<grpc::Slice> slices;
-        encode_frame(control_header(pg::FrameHeader::HEARTBEAT), {}, &slices);
         try {
-          peers_[r]->outbox.send(std::move(slices), nullptr);
+          peers_[r]->outbox.send(control_header(pg::FrameHeader::HEARTBEAT), {}, nullptr);
         } catch (const Error&) {
           // The stream is closing; its own failure report covers it.
         }
@@ -540,7 +405,7 @@ void ClientPeer::start() {
   grpc::GenericStub(channel_).PrepareBidiStreamingCall(&context_, kExchangeMethod, grpc::StubOptions(), this);
   // Hold the call open until OnDone even when no read or write is pending.
   AddHold();
-  transport_.outbox(peer_).send(transport_.hello_frame(), nullptr);
+  transport_.send_hello(peer_);
   transport_.outbox(peer_).attach([this](Buffer* b) {
     happens_before(this);
     StartWrite(b);
@@ -574,6 +439,7 @@ void ClientPeer::OnReadDone(bool ok) {
 
 void ClientPeer::OnWriteDone(bool ok) {
   Reaction reaction(this, &peer_);
+  happens_after(transport_.outbox(peer_).message());  // gRPC is done with it: the next write may replace it
   transport_.outbox(peer_).on_write_done(ok, [this] { return transport_.lost_error(peer_); });
 }
 
@@ -617,7 +483,7 @@ void ServerPeer::OnReadDone(bool ok) {
       return;
     }
     peer_ = hello.rank;
-    transport_.outbox(peer_).send(transport_.hello_frame(), nullptr);  // the acknowledgement
+    transport_.send_hello(peer_);  // the acknowledgement
     transport_.outbox(peer_).attach([this](Buffer* b) {
       happens_before(this);
       StartWrite(b);
@@ -638,6 +504,7 @@ void ServerPeer::OnReadDone(bool ok) {
 void ServerPeer::OnWriteDone(bool ok) {
   Reaction reaction(this, &peer_);
   Outbox& outbox = transport_.outbox(peer_);
+  happens_after(outbox.message());  // gRPC is done with it: the next write may replace it
   outbox.on_write_done(ok, [this] { return transport_.lost_error(peer_); });
   if (finish_when_written_ && !outbox.writing()) finish_once(grpc::Status::OK);
 }
