@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "process_group/frame.h"
 #include "process_group/transport.h"
 
 namespace drpc {
@@ -156,6 +157,33 @@ at::Tensor tensor_from_body(const Frame& frame, const pg::TensorMeta& meta, size
                                       static_cast<c10::ScalarType>(meta.dtype())));
   frame.copy_body(offset, t.data_ptr(), meta.nbytes());
   return t;
+}
+
+void encode_frame(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors, FramePieces& out) {
+  const size_t header_size = header.ByteSizeLong();
+  size_t head_size = 4 + header_size;
+  size_t i = 0;
+  // Copy the leading run of small tensors into the head piece.
+  for (; i < tensors.size() && tensors[i].nbytes() <= kInlineTensorBytes; ++i) head_size += tensors[i].nbytes();
+  out.add_bytes(head_size, [&](uint8_t* bytes) {
+    const uint32_t len = static_cast<uint32_t>(header_size);
+    std::memcpy(bytes, &len, 4);  // little-endian hosts only (x86_64, aarch64)
+    header.SerializeWithCachedSizesToArray(bytes + 4);
+    bytes += 4 + header_size;
+    for (size_t j = 0; j < i; ++j) {
+      if (tensors[j].nbytes()) std::memcpy(bytes, tensors[j].data_ptr(), tensors[j].nbytes());
+      bytes += tensors[j].nbytes();
+    }
+  });
+  for (; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    if (t.nbytes() == 0) continue;
+    if (t.nbytes() <= kInlineTensorBytes) {
+      out.add_bytes(t.nbytes(), [&](uint8_t* bytes) { std::memcpy(bytes, t.data_ptr(), t.nbytes()); });
+    } else {
+      out.add_tensor(t);
+    }
+  }
 }
 
 std::vector<Frame> decode_wire_frames(const std::vector<ByteSpan>& pieces, std::shared_ptr<void> keepalive,

@@ -1,11 +1,14 @@
-// The frame format's checks on what arrives from the network, and in-place receives.
+// The frame format: encoding round trips through the decoder, the checks on what arrives
+// from the network, and in-place receives.
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/tensor.h>
 #include <gtest/gtest.h>
 
+#include "process_group/frame.h"
 #include "process_group/transport.h"
 
 namespace drpc {
@@ -178,6 +181,92 @@ TEST(Frame, LargeTensorsInOneAlignedPieceAreUsedInPlace) {
   at::Tensor copied = tensor_from_body(split, meta(at::kFloat, {1 << 16}, source.nbytes()), 0);
   EXPECT_NE(copied.data_ptr(), source.data_ptr());
   EXPECT_TRUE(at::equal(copied, source));
+}
+
+// Collects encode_frame's pieces as a transport would: copies in buffers of their own,
+// tensors in place (kept alive here).
+class CollectedPieces final : public FramePieces {
+ public:
+  void add_bytes(size_t size, const std::function<void(uint8_t*)>& fill) override {
+    copies_.push_back(std::make_unique<uint8_t[]>(size));
+    fill(copies_.back().get());
+    pieces.push_back(ByteSpan{copies_.back().get(), size});
+    in_place.push_back(false);
+  }
+  void add_tensor(const at::Tensor& tensor) override {
+    tensors_.push_back(tensor);
+    pieces.push_back(ByteSpan{static_cast<const uint8_t*>(tensor.data_ptr()), tensor.nbytes()});
+    in_place.push_back(true);
+  }
+
+  std::vector<ByteSpan> pieces;
+  std::vector<bool> in_place;
+
+ private:
+  std::vector<std::unique_ptr<uint8_t[]>> copies_;
+  std::vector<at::Tensor> tensors_;
+};
+
+pg::FrameHeader described(pg::FrameHeader::Kind kind, int64_t tag, const std::vector<at::Tensor>& tensors) {
+  pg::FrameHeader header;
+  header.set_kind(kind);
+  header.set_tag(tag);
+  describe_tensors(tensors, &header);
+  return header;
+}
+
+TEST(Frame, EncodedFramesDecodeToTheSameHeadersAndTensors) {
+  // Small, empty, large (in place) and small-after-large (copied) tensors of several
+  // dtypes, then a tensor-less frame, all in one message as an outbox batches them.
+  const std::vector<at::Tensor> tensors = {
+      at::arange(5, at::kInt),
+      at::empty({0, 3}, at::kFloat),
+      at::arange(3, at::kDouble),
+      at::arange(1 << 14, at::kFloat),  // 64 KiB: past kInlineTensorBytes
+      at::ones({2, 2}, at::kBool),
+      at::arange(1 << 13, at::kLong),  // 64 KiB
+  };
+  const pg::FrameHeader first = described(pg::FrameHeader::P2P, 11, tensors);
+  pg::FrameHeader second;
+  second.set_kind(pg::FrameHeader::GOODBYE);
+  CollectedPieces out;
+  encode_frame(first, tensors, out);
+  encode_frame(second, {}, out);
+
+  // The head holds the prefix, header and the three leading small tensors; then the large
+  // one in place, the small one copied, the last large one in place; then the goodbye.
+  ASSERT_EQ(out.pieces.size(), 5u);
+  EXPECT_EQ(out.in_place, (std::vector<bool>{false, true, false, true, false}));
+  EXPECT_EQ(out.pieces[0].size, 4 + first.ByteSizeLong() + 20 + 0 + 24);
+  EXPECT_EQ(out.pieces[1].data, tensors[3].data_ptr());
+  EXPECT_EQ(out.pieces[2].size, 4u);
+
+  std::vector<Frame> frames = decode_wire_frames(out.pieces, nullptr, 2);
+  ASSERT_EQ(frames.size(), 2u);
+  EXPECT_EQ(frames[0].source, 2);
+  EXPECT_EQ(frames[0].header.SerializeAsString(), first.SerializeAsString());
+  size_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const pg::TensorMeta& m = frames[0].header.tensors(static_cast<int>(i));
+    at::Tensor t = tensor_from_body(frames[0], m, offset);
+    EXPECT_TRUE(at::equal(t, tensors[i])) << "tensor " << i;
+    EXPECT_EQ(t.sizes(), tensors[i].sizes()) << "tensor " << i;
+    offset += m.nbytes();
+  }
+  EXPECT_EQ(offset, frames[0].body_size());
+  EXPECT_EQ(frames[1].header.kind(), pg::FrameHeader::GOODBYE);
+  EXPECT_EQ(frames[1].body_size(), 0u);
+}
+
+TEST(Frame, AFrameWithoutTensorsIsItsLengthPrefixAndHeader) {
+  pg::FrameHeader hello;
+  hello.set_kind(pg::FrameHeader::HELLO);
+  hello.set_rank(3);
+  hello.set_group("g");
+  CollectedPieces out;
+  encode_frame(hello, {}, out);
+  ASSERT_EQ(out.pieces.size(), 1u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(out.pieces[0].data), out.pieces[0].size), wire(hello, ""));
 }
 
 }  // namespace

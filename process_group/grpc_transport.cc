@@ -2,18 +2,19 @@
 
 #include <glog/logging.h>
 #include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/client_callback.h>
 #include <grpcpp/support/server_callback.h>
 
 #include <atomic>
 #include <condition_variable>
-#include <cstring>
-#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
 
+#include "process_group/connection_protocol.h"
+#include "process_group/grpc_outbox.h"
 #include "process_group/grpc_security.h"
 
 #ifdef DRPC_TSAN
@@ -54,52 +55,26 @@ using SendCallback = std::function<void(std::exception_ptr)>;
 using Buffer = grpc::ByteBuffer;
 
 constexpr char kExchangeMethod[] = "/drpc.pg.Peer/Exchange";
-// Tensors this small are copied next to the header: one slice is cheaper than a
-// zero-copy slice with its own release callback.
-constexpr size_t kInlineBytes = 16 * 1024;
 // How long a leaving rank waits for its peers to acknowledge its goodbye.
 constexpr std::chrono::milliseconds kGoodbyeTimeout{2000};
 
-// Appends one frame, [u32 header length][header][tensor bytes], to `slices`. Small tensors
-// are copied beside the header; large ones are slices over their own storage, which the
-// slice keeps alive until gRPC has written it.
-void encode_frame(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
-                  std::vector<grpc::Slice>* slices) {
-  const size_t header_size = header.ByteSizeLong();
-  size_t head_size = 4 + header_size;
-  size_t i = 0;
-  // Copy the leading run of small tensors into the head slice.
-  for (; i < tensors.size() && tensors[i].nbytes() <= kInlineBytes; ++i) head_size += tensors[i].nbytes();
-  grpc_slice head = grpc_slice_malloc(head_size);
-  uint8_t* out = GRPC_SLICE_START_PTR(head);
-  const uint32_t len = static_cast<uint32_t>(header_size);
-  std::memcpy(out, &len, 4);  // little-endian hosts only (x86_64, aarch64)
-  header.SerializeWithCachedSizesToArray(out + 4);
-  out += 4 + header_size;
-  for (size_t j = 0; j < i; ++j) {
-    if (tensors[j].nbytes()) std::memcpy(out, tensors[j].data_ptr(), tensors[j].nbytes());
-    out += tensors[j].nbytes();
-  }
-  slices->emplace_back(head, grpc::Slice::STEAL_REF);
-  for (; i < tensors.size(); ++i) {
-    const at::Tensor& t = tensors[i];
-    if (t.nbytes() == 0) continue;
-    if (t.nbytes() <= kInlineBytes) {
-      slices->emplace_back(t.data_ptr(), t.nbytes());  // copies
-    } else {
-      slices->emplace_back(t.data_ptr(), t.nbytes(),
-                           [](void* p) { delete static_cast<at::Tensor*>(p); }, new at::Tensor(t));
-    }
-  }
+// A gRPC message's slices, and spans over their bytes.
+struct Message {
+  std::shared_ptr<std::vector<grpc::Slice>> slices = std::make_shared<std::vector<grpc::Slice>>();
+  std::vector<ByteSpan> pieces;
+};
+
+Message read_message(Buffer& buffer) {
+  Message message;
+  if (!buffer.Dump(message.slices.get()).ok()) throw Error(ErrorKind::kProtocol, "unreadable message");
+  for (const auto& s : *message.slices) message.pieces.push_back(ByteSpan{s.begin(), s.size()});
+  return message;
 }
 
 // Reads a gRPC message made of one or more frames, without copying tensor bytes.
 std::vector<Frame> decode_frames(Buffer& buffer, int source) {
-  auto slices = std::make_shared<std::vector<grpc::Slice>>();
-  if (!buffer.Dump(slices.get()).ok()) throw Error(ErrorKind::kProtocol, "unreadable message");
-  std::vector<ByteSpan> pieces;
-  for (const auto& s : *slices) pieces.push_back(ByteSpan{s.begin(), s.size()});
-  return decode_wire_frames(pieces, slices, source);
+  Message message = read_message(buffer);
+  return decode_wire_frames(message.pieces, message.slices, source);
 }
 
 grpc::ChannelArguments channel_arguments() {
@@ -115,104 +90,6 @@ grpc::ChannelArguments channel_arguments() {
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 * 1024 * 1024);
   return args;
 }
-
-// The outgoing side of one peer's stream: a queue of frames, written one gRPC message at
-// a time; whatever queued up while a write was in flight goes out together in the next.
-class Outbox {
- public:
-  // `start_write` starts a write on the stream; it is called with no lock held.
-  void attach(std::function<void(Buffer*)> start_write) {
-    std::unique_lock<std::mutex> lock(mu_);
-    start_write_ = std::move(start_write);
-    maybe_start(lock);
-  }
-
-  // Queues a frame; throws if the stream is closed. See Transport::send.
-  void send(std::vector<grpc::Slice> slices, SendCallback on_sent) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (closed_) throw *closed_;
-    for (auto& s : slices) queued_slices_.push_back(std::move(s));
-    queued_callbacks_.push_back(std::move(on_sent));
-    maybe_start(lock);
-  }
-
-  // The write started last has finished.
-  void on_write_done(bool ok, const std::function<Error()>& why_not) {
-    happens_after(&buffer_);  // gRPC is done with the buffer: the next write may replace it
-    std::vector<SendCallback> done;
-    std::unique_lock<std::mutex> lock(mu_);
-    done.swap(in_flight_);
-    writing_ = false;
-    if (!ok && !closed_) close_locked(why_not());
-    std::exception_ptr error = closed_ && !ok ? std::make_exception_ptr(*closed_) : nullptr;
-    maybe_start(lock);  // unlocks
-    for (auto& cb : done) {
-      if (cb) cb(error);
-    }
-  }
-
-  // No more frames: queued ones fail with `why`. Returns whether a write is still in flight.
-  bool close(const Error& why) {
-    std::vector<SendCallback> failed;
-    bool writing;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!closed_) close_locked(why);
-      failed.swap(failed_);
-      writing = writing_;
-    }
-    auto error = std::make_exception_ptr(why);
-    for (auto& cb : failed) {
-      if (cb) cb(error);
-    }
-    return writing;
-  }
-
-  bool writing() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return writing_;
-  }
-
- private:
-  void close_locked(const Error& why) {
-    closed_ = why;
-    queued_slices_.clear();
-    for (auto& cb : queued_callbacks_) failed_.push_back(std::move(cb));
-    queued_callbacks_.clear();
-  }
-
-  // Starts the next write if the stream is idle and frames wait. Releases the lock.
-  void maybe_start(std::unique_lock<std::mutex>& lock) {
-    if (writing_ || !start_write_ || queued_callbacks_.empty() || closed_) {
-      std::vector<SendCallback> failed;
-      failed.swap(failed_);
-      const std::optional<Error> why = closed_;
-      lock.unlock();
-      for (auto& cb : failed) {
-        if (cb) cb(std::make_exception_ptr(*why));
-      }
-      return;
-    }
-    writing_ = true;
-    buffer_ = Buffer(queued_slices_.data(), queued_slices_.size());
-    queued_slices_.clear();
-    in_flight_.swap(queued_callbacks_);
-    auto start = start_write_;
-    lock.unlock();
-    start(&buffer_);
-  }
-
-  std::mutex mu_;
-  // Guarded by mu_.
-  std::function<void(Buffer*)> start_write_;
-  std::vector<grpc::Slice> queued_slices_;
-  std::vector<SendCallback> queued_callbacks_;
-  std::vector<SendCallback> in_flight_;
-  std::vector<SendCallback> failed_;  // to be told, outside the lock
-  bool writing_ = false;
-  std::optional<Error> closed_;
-  Buffer buffer_;  // the message in flight; untouched until its write completes
-};
 
 class GrpcTransport;
 
@@ -268,7 +145,13 @@ class PeerService final : public grpc::CallbackGenericService {
 class GrpcTransport final : public Transport {
  public:
   GrpcTransport(Store& store, int rank, int size, const GrpcTransportOptions& options, FrameSink& sink)
-      : rank_(rank), size_(size), options_(options), sink_(sink), service_(*this) {
+      : rank_(rank),
+        size_(size),
+        options_(options),
+        sink_(sink),
+        protocol_({rank, size, options.security.token, options.group_name}, options.heartbeat_interval,
+                  options.heartbeat_misses),
+        service_(*this) {
     if (size <= 0) throw Error(ErrorKind::kBadArgument, "world size must be positive, got " + std::to_string(size));
     if (rank < 0 || rank >= size) {
       throw Error(ErrorKind::kBadArgument, "rank " + std::to_string(rank) +
@@ -295,9 +178,7 @@ class GrpcTransport final : public Transport {
   void send(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
             SendCallback on_sent) override {
     if (stopping_) throw Error(ErrorKind::kShutdown, "rank " + std::to_string(rank_) + " is shutting down");
-    std::vector<grpc::Slice> slices;
-    encode_frame(header, tensors, &slices);
-    peers_.at(dst)->outbox.send(std::move(slices), std::move(on_sent));
+    peers_.at(dst)->outbox.send(header, tensors, std::move(on_sent));
   }
 
   void shutdown() override {
@@ -308,26 +189,15 @@ class GrpcTransport final : public Transport {
     }
     // Say goodbye and wait for each peer's acknowledgement: it proves the peer has read
     // everything sent before, which cancelling the streams could otherwise discard.
-    pg::FrameHeader goodbye;
-    goodbye.set_kind(pg::FrameHeader::GOODBYE);
     std::vector<int> waiting;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_ || !is_connected(r)) continue;
+    for (int r : protocol_.connected_peers()) {
       try {
-        send(r, goodbye, {}, nullptr);
+        send(r, control_header(pg::FrameHeader::GOODBYE), {}, nullptr);
         waiting.push_back(r);
       } catch (const Error&) {
       }
     }
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      changed_.wait_for(lock, kGoodbyeTimeout, [&] {
-        for (int r : waiting) {
-          if (!peers_[r]->acked_goodbye && !peers_[r]->lost) return false;
-        }
-        return true;
-      });
-    }
+    protocol_.wait_goodbyes_acknowledged(waiting, kGoodbyeTimeout);
     stopping_ = true;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -361,75 +231,39 @@ class GrpcTransport final : public Transport {
 
   Outbox& outbox(int peer) { return peers_[peer]->outbox; }
 
-  // Empty if `hello` may join this rank's group, else why not.
-  std::string check_hello(const pg::FrameHeader& hello) {
-    if (hello.kind() != pg::FrameHeader::HELLO) return "first frame is not a hello";
-    if (!token_matches(hello.token(), options_.security.token)) return "wrong or missing job token";
-    if (hello.group() != options_.group_name) {
-      return "peer belongs to group '" + hello.group() + "', not '" + options_.group_name + "'";
+  // Reads a dialling peer's first message: its rank, or why it may not join.
+  HelloVerdict accept_hello(Buffer& buffer) {
+    try {
+      Message message = read_message(buffer);
+      return protocol_.accept_hello(message.pieces);
+    } catch (const Error& e) {
+      return HelloVerdict{-1, e.what()};
     }
-    if (hello.world_size() != size_) {
-      return "peer has world size " + std::to_string(hello.world_size()) + ", this rank has " +
-             std::to_string(size_);
-    }
-    if (hello.rank() < 0 || hello.rank() >= rank_) {
-      return "peer claims rank " + std::to_string(hello.rank()) + ", which does not dial rank " +
-             std::to_string(rank_);
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (peers_[hello.rank()]->connected || peers_[hello.rank()]->server_attached) {
-      return "rank " + std::to_string(hello.rank()) + " is already connected";
-    }
-    peers_[hello.rank()]->server_attached = true;
-    return "";
   }
 
-  std::vector<grpc::Slice> hello_frame() const {
-    pg::FrameHeader hello;
-    hello.set_kind(pg::FrameHeader::HELLO);
-    hello.set_rank(rank_);
-    hello.set_world_size(size_);
-    hello.set_token(options_.security.token);
-    hello.set_group(options_.group_name);
-    std::vector<grpc::Slice> slices;
-    encode_frame(hello, {}, &slices);
-    return slices;
-  }
+  // Queues this rank's hello: the first frame on a stream, either way.
+  void send_hello(int peer) { peers_[peer]->outbox.send(hello_header(protocol_.self()), {}, nullptr); }
 
-  void mark_connected(int peer, std::string address) {
-    heard_from(peer);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      peers_[peer]->connected = true;
-      peers_[peer]->address = std::move(address);
-    }
-    changed_.notify_all();
-  }
+  void mark_connected(int peer, std::string address) { protocol_.connected(peer, std::move(address), Clock::now()); }
 
   // Our stream to `peer` ended before the peer answered our hello. Only UNAUTHENTICATED is
-  // the peer's own verdict (check_hello): gRPC ends a stream whose connection broke with
+  // the peer's own verdict (accept_hello): gRPC ends a stream whose connection broke with
   // UNAVAILABLE ("Socket closed" when the peer's end went away), which says nothing about
   // our credentials.
   void mark_ended_before_answer(int peer, const grpc::Status& status) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      Peer& p = *peers_[peer];
-      if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-        p.refusal = status.error_message().empty() ? "no reason given" : status.error_message();
-      } else {
-        p.failure = "the connection to rank " + std::to_string(peer) + " (" + p.address + ") ended before rank " +
-                    std::to_string(peer) + " answered rank " + std::to_string(rank_) + "'s hello (gRPC status " +
-                    std::to_string(status.error_code()) + ": " + status.error_message() + ")";
-      }
+    if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      protocol_.refused(peer, status.error_message());
+    } else {
+      protocol_.ended_before_answer(
+          peer, "gRPC status " + std::to_string(status.error_code()) + ": " + status.error_message());
     }
-    changed_.notify_all();
   }
 
   // Decodes and delivers one message from `peer`; returns false (after reporting the
   // peer lost) if it was malformed.
   bool deliver(int peer, Buffer& buffer) {
-    if (peers_[peer]->lost.load()) return false;  // declared failed: nothing more is believed
-    heard_from(peer);
+    if (protocol_.is_lost(peer)) return false;  // declared failed: nothing more is believed
+    protocol_.heard_from(peer, Clock::now());
     std::vector<Frame> frames;
     try {
       frames = decode_frames(buffer, peer);
@@ -440,33 +274,18 @@ class GrpcTransport final : public Transport {
       return false;
     }
     for (auto& frame : frames) {
-      switch (frame.header.kind()) {
-        case pg::FrameHeader::GOODBYE: {
-          {
-            std::lock_guard<std::mutex> lock(mu_);
-            peers_[peer]->said_goodbye = true;
-          }
-          pg::FrameHeader ack;
-          ack.set_kind(pg::FrameHeader::GOODBYE_ACK);
-          std::vector<grpc::Slice> slices;
-          encode_frame(ack, {}, &slices);
+      switch (protocol_.on_frame(peer, frame.header)) {
+        case FrameAction::kAcknowledgeGoodbye: {
           try {
-            peers_[peer]->outbox.send(std::move(slices), nullptr);
+            peers_[peer]->outbox.send(control_header(pg::FrameHeader::GOODBYE_ACK), {}, nullptr);
           } catch (const Error&) {
             // We are leaving too; the peer stops waiting when our stream closes.
           }
           break;
         }
-        case pg::FrameHeader::GOODBYE_ACK: {
-          std::lock_guard<std::mutex> lock(mu_);
-          peers_[peer]->acked_goodbye = true;
-          changed_.notify_all();
+        case FrameAction::kIgnore:
           break;
-        }
-        case pg::FrameHeader::HELLO:
-        case pg::FrameHeader::HEARTBEAT:
-          break;
-        default:
+        case FrameAction::kDeliver:
           if (!stopping_) sink_.on_frame(std::move(frame));
       }
     }
@@ -475,102 +294,47 @@ class GrpcTransport final : public Transport {
 
   // The stream to `peer` is gone; tells the sink once.
   void lost(int peer, const Error& why) {
-    std::string reason = why.message();
-    bool was_connected;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      Peer& p = *peers_[peer];
-      if (p.lost) return;
-      p.lost = true;
-      was_connected = p.connected;
-      if (p.said_goodbye) reason = "rank " + std::to_string(peer) + " shut down";
-    }
-    changed_.notify_all();  // a leaving rank stops waiting for this peer's goodbye
-    const Error error(why.kind(), reason);
-    peers_[peer]->outbox.close(error);
+    const std::optional<ConnectionProtocol::Loss> loss = protocol_.lose(peer, why);
+    if (!loss) return;
+    peers_[peer]->outbox.close(loss->error);
     if (peers_[peer]->client) peers_[peer]->client->cancel();
-    if (!stopping_ && was_connected) sink_.on_peer_failed(peer, error);
+    if (!stopping_ && loss->was_connected) sink_.on_peer_failed(peer, loss->error);
   }
 
-  Error lost_error(int peer) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return Error(ErrorKind::kPeerUnavailable, "connection to rank " + std::to_string(peer) + " (" +
-                                                  peers_[peer]->address + ") was lost");
-  }
+  Error lost_error(int peer) { return protocol_.lost_error(peer); }
 
   bool stopping() const { return stopping_; }
   int my_rank() const { return rank_; }
   const SecurityOptions& security() const { return options_.security; }
 
  private:
+  // The network side of one peer; the connection's state is protocol_'s.
   struct Peer {
     Outbox outbox;
     std::unique_ptr<ClientPeer> client;  // when this rank dials the peer
-    // Guarded by GrpcTransport::mu_.
-    std::string address;
-    bool connected = false;
-    bool server_attached = false;
-    bool said_goodbye = false;
-    bool acked_goodbye = false;
-    std::atomic<bool> lost{false};  // written under mu_
-    std::string refusal;  // why the peer refused our hello
-    std::string failure;  // how our stream ended before the peer answered, if not refused
-    std::atomic<int64_t> last_heard_ns{0};  // steady clock; when anything last arrived
   };
-
-  void heard_from(int peer) {
-    peers_[peer]->last_heard_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-  }
 
   // Sends each live peer a heartbeat every interval and declares failed those silent for
   // heartbeat_misses intervals: a stopped or hung process keeps its TCP connection open,
   // so only silence tells.
   void heartbeat_loop() {
-    const auto interval = options_.heartbeat_interval;
-    const auto window = interval * options_.heartbeat_misses;
-    pg::FrameHeader beat;
-    beat.set_kind(pg::FrameHeader::HEARTBEAT);
     std::unique_lock<std::mutex> lock(mu_);
-    while (!changed_.wait_for(lock, interval, [&] { return heartbeat_stop_; })) {
-      std::vector<int> live;
-      for (int r = 0; r < size_; ++r) {
-        const Peer& p = *peers_[r];
-        if (r != rank_ && p.connected && !p.lost && !p.said_goodbye) live.push_back(r);
-      }
+    while (!changed_.wait_for(lock, options_.heartbeat_interval, [&] { return heartbeat_stop_; })) {
       lock.unlock();
-      const int64_t now = Clock::now().time_since_epoch().count();
-      for (int r : live) {
-        const auto silent = std::chrono::duration_cast<milliseconds>(
-            std::chrono::nanoseconds(now - peers_[r]->last_heard_ns.load(std::memory_order_relaxed)));
-        if (silent > window) {
-          const std::string reason = "rank " + std::to_string(r) + " (" + peer_address(r) + ") sent nothing for " +
-                                     std::to_string(silent.count()) + " ms (" +
-                                     std::to_string(options_.heartbeat_misses) + " heartbeats of " +
-                                     std::to_string(interval.count()) + " ms missed): declared failed";
-          LOG(ERROR) << "rank " << rank_ << ": " << reason;
-          lost(r, Error(ErrorKind::kPeerUnavailable, reason));
-          continue;
-        }
-        std::vector<grpc::Slice> slices;
-        encode_frame(beat, {}, &slices);
+      ConnectionProtocol::HeartbeatRound round = protocol_.check_heartbeats(Clock::now());
+      for (const auto& [r, why] : round.lost) {
+        LOG(ERROR) << "rank " << rank_ << ": " << why.message();
+        lost(r, why);
+      }
+      for (int r : round.beat) {
         try {
-          peers_[r]->outbox.send(std::move(slices), nullptr);
+          peers_[r]->outbox.send(control_header(pg::FrameHeader::HEARTBEAT), {}, nullptr);
         } catch (const Error&) {
           // The stream is closing; its own failure report covers it.
         }
       }
       lock.lock();
     }
-  }
-
-  std::string peer_address(int r) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return peers_[r]->address;
-  }
-
-  bool is_connected(int r) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return peers_[r]->connected && !peers_[r]->lost;
   }
 
   void start_server() {
@@ -599,49 +363,18 @@ class GrpcTransport final : public Transport {
     for (int r = rank_ + 1; r < size_; ++r) {
       const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
       const std::string address = store.get("addr/" + std::to_string(r), std::max(left, milliseconds(1)));
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        peers_[r]->address = address;
-      }
+      protocol_.set_address(r, address);
       peers_[r]->client = std::make_unique<ClientPeer>(*this, r, address);
       peers_[r]->client->start();
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    std::string refused, failed;
-    auto all_connected = [&] {
-      bool all = true;
-      for (int r = 0; r < size_; ++r) {
-        if (!peers_[r]->refusal.empty()) {
-          refused = "rank " + std::to_string(r) + " refused rank " + std::to_string(rank_) + ": " +
-                    peers_[r]->refusal;
-          return true;
-        }
-        if (!peers_[r]->failure.empty()) {
-          failed = "rank " + std::to_string(rank_) + ": " + peers_[r]->failure;
-          return true;
-        }
-        if (r != rank_ && !peers_[r]->connected) all = false;
-      }
-      return all;
-    };
-    const bool done = changed_.wait_until(lock, deadline, all_connected);
-    if (!refused.empty()) throw Error(ErrorKind::kUnauthenticated, refused);
-    if (!failed.empty()) throw Error(ErrorKind::kPeerUnavailable, failed);
-    if (!done) {
-      std::string missing;
-      for (int r = 0; r < size_; ++r) {
-        if (r != rank_ && !peers_[r]->connected) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      }
-      throw Error(ErrorKind::kTimeout, "rank " + std::to_string(rank_) + ": ranks " + missing +
-                                           " did not connect within " +
-                                           std::to_string(options_.connect_timeout.count()) + " ms");
-    }
+    protocol_.wait_connected(deadline, options_.connect_timeout);
   }
 
   const int rank_;
   const int size_;
   const GrpcTransportOptions options_;
   FrameSink& sink_;
+  ConnectionProtocol protocol_;
   PeerService service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
@@ -669,12 +402,10 @@ ClientPeer::ClientPeer(GrpcTransport& transport, int peer, const std::string& ad
 
 void ClientPeer::start() {
   transport_.reactor_started();
-  const grpc::internal::RpcMethod method(kExchangeMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
-  grpc::internal::ClientCallbackReaderWriterFactory<Buffer, Buffer>::Create(channel_.get(), method, &context_,
-                                                                            this);
+  grpc::GenericStub(channel_).PrepareBidiStreamingCall(&context_, kExchangeMethod, grpc::StubOptions(), this);
   // Hold the call open until OnDone even when no read or write is pending.
   AddHold();
-  transport_.outbox(peer_).send(transport_.hello_frame(), nullptr);
+  transport_.send_hello(peer_);
   transport_.outbox(peer_).attach([this](Buffer* b) {
     happens_before(this);
     StartWrite(b);
@@ -708,6 +439,7 @@ void ClientPeer::OnReadDone(bool ok) {
 
 void ClientPeer::OnWriteDone(bool ok) {
   Reaction reaction(this, &peer_);
+  happens_after(transport_.outbox(peer_).message());  // gRPC is done with it: the next write may replace it
   transport_.outbox(peer_).on_write_done(ok, [this] { return transport_.lost_error(peer_); });
 }
 
@@ -743,23 +475,15 @@ void ServerPeer::OnReadDone(bool ok) {
     return;
   }
   if (peer_ < 0) {
-    std::string problem;
-    int rank = -1;
-    try {
-      auto frames = decode_frames(read_buffer_, -1);
-      problem = frames.size() == 1 ? transport_.check_hello(frames[0].header) : "expected one hello frame";
-      if (problem.empty()) rank = frames[0].header.rank();
-    } catch (const Error& e) {
-      problem = e.what();
-    }
-    if (!problem.empty()) {
+    const HelloVerdict hello = transport_.accept_hello(read_buffer_);
+    if (!hello.problem.empty()) {
       LOG(WARNING) << "rank " << transport_.my_rank() << ": refused a connection from " << context_->peer()
-                   << ": " << problem;
-      finish_once(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, problem));
+                   << ": " << hello.problem;
+      finish_once(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, hello.problem));
       return;
     }
-    peer_ = rank;
-    transport_.outbox(peer_).send(transport_.hello_frame(), nullptr);  // the acknowledgement
+    peer_ = hello.rank;
+    transport_.send_hello(peer_);  // the acknowledgement
     transport_.outbox(peer_).attach([this](Buffer* b) {
       happens_before(this);
       StartWrite(b);
@@ -780,6 +504,7 @@ void ServerPeer::OnReadDone(bool ok) {
 void ServerPeer::OnWriteDone(bool ok) {
   Reaction reaction(this, &peer_);
   Outbox& outbox = transport_.outbox(peer_);
+  happens_after(outbox.message());  // gRPC is done with it: the next write may replace it
   outbox.on_write_done(ok, [this] { return transport_.lost_error(peer_); });
   if (finish_when_written_ && !outbox.writing()) finish_once(grpc::Status::OK);
 }
