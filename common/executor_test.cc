@@ -53,6 +53,25 @@ TEST(ThreadExecutor, ACancelledTimerNeverRunsAndCancelSaysWhetherItWasInTime) {
   EXPECT_FALSE(cancelled_ran.load());
 }
 
+// The timer thread sleeps until its earliest timer; cancelling that timer frees it while
+// the thread sleeps. Under AddressSanitizer this caught the thread reading the freed
+// timer's due time when it woke (it waited on a reference into the timer map).
+TEST(ThreadExecutor, CancellingTheTimerTheThreadSleepsOnIsSafe) {
+  auto executor = create_thread_executor("[test/0]");
+  std::promise<void> started;
+  executor->run_after(milliseconds(0), [&] { started.set_value(); });
+  ASSERT_EQ(started.get_future().wait_for(seconds(10)), std::future_status::ready);
+  std::atomic<bool> cancelled_ran{false};
+  const auto id = executor->run_after(milliseconds(20), [&] { cancelled_ran = true; });
+  EXPECT_TRUE(executor->cancel(id));
+  std::promise<void> later;
+  executor->run_after(milliseconds(80), [&] { later.set_value(); });
+  ASSERT_EQ(later.get_future().wait_for(seconds(10)), std::future_status::ready);
+  EXPECT_FALSE(cancelled_ran.load());
+  executor->run_after(seconds(3600), [] {});
+  executor->close();  // frees the timer the thread sleeps on
+}
+
 TEST(ThreadExecutor, CloseDropsTimersFinishesPostedTasksAndRefusesNewWork) {
   auto executor = create_thread_executor("[test/0]");
   std::atomic<bool> timer_ran{false};

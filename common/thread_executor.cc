@@ -91,8 +91,11 @@ class ThreadExecutor final : public Executor {
         continue;
       }
       auto next = timers_.begin();
-      if (Clock::now() < next->first.first) {
-        cv_.wait_until(lock, next->first.first);
+      // A copy: wait_until reads its deadline again after waking, when close() or
+      // cancel() may have freed the timer's node meanwhile.
+      const TimePoint due = next->first.first;
+      if (Clock::now() < due) {
+        cv_.wait_until(lock, due);
         continue;
       }
       Task task = std::move(next->second);

@@ -119,8 +119,9 @@ class FaultyAgent final : public RpcAgent {
         continue;
       }
       auto next = delayed_.begin();
-      if (Clock::now() < next->first) {
-        cv_.wait_until(lock, next->first);
+      const auto due = next->first;  // a copy: the node may be gone when the wait returns
+      if (Clock::now() < due) {
+        cv_.wait_until(lock, due);
         continue;
       }
       Delayed d = std::move(next->second);
