@@ -182,15 +182,15 @@ class RuntimeImpl final : public Runtime {
     executor_ = create_thread_executor(log_tag_);
     rref_ = create_rref_context(
         *agent_, *executor_,
-        [this](const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs, int64_t autograd_context) {
+        [this](const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs, const Extensions& caller) {
           CurrentRuntime current(this);
-          CurrentAutogradContext in_context(*autograd_, autograd_context);
+          CurrentAutogradContext in_context(*autograd_, autograd_->context_of(caller));
           return functions_.call(fn, CallArgs{std::move(args), std::move(kwargs)}, agent_->self().name);
         },
         [this](const c10::IValue& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
-               int64_t autograd_context) {
+               const Extensions& caller) {
           CurrentRuntime current(this);
-          CurrentAutogradContext in_context(*autograd_, autograd_context);
+          CurrentAutogradContext in_context(*autograd_, autograd_->context_of(caller));
           return apply(value, fn, std::move(args), std::move(kwargs));
         });
     autograd_ = create_autograd_container(*agent_, *executor_, options.autograd_context_ttl);
@@ -316,7 +316,7 @@ class RuntimeImpl final : public Runtime {
     std::vector<c10::IValue> all = args.args;
     for (const auto& kw : args.kwargs) all.push_back(kw.second);
     const std::string fn = call.function();
-    const int64_t autograd_context = request.autograd_context;
+    const int64_t autograd_context = autograd_->context_of(request.extensions);
     // The function runs once the owners have confirmed every RRef among its arguments.
     auto result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
     // A profiled request's trace follows the function if it runs on another thread.

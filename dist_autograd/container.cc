@@ -8,6 +8,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -99,6 +100,11 @@ class Container final : public AutogradContainer, public std::enable_shared_from
     return static_cast<int64_t>(contexts_.size());
   }
 
+  int64_t context_of(const Extensions& extensions) override {
+    const auto record = record_of(extensions);
+    return record ? record->context() : -1;
+  }
+
   int64_t current_context() override { return thread_context(); }
   void set_current_context(int64_t context_id) override {
     if (context_id < 0) {
@@ -145,9 +151,32 @@ class Container final : public AutogradContainer, public std::enable_shared_from
 
  private:
   // --- recording ---------------------------------------------------------------------
+  // The message's autograd record, if it has one. Throws kProtocol when it is malformed
+  // (a peer's bytes).
+  static std::optional<autograd::MessageRecord> record_of(const Extensions& extensions) {
+    auto it = extensions.find(kAutogradExtension);
+    if (it == extensions.end()) return std::nullopt;
+    autograd::MessageRecord record;
+    if (!record.ParseFromString(it->second)) {
+      throw Error(ErrorKind::kProtocol, "malformed distributed autograd header");
+    }
+    return record;
+  }
+
+  static void put_record(int64_t context_id, int64_t message_id, const std::vector<bool>& requires_grad, Message& m) {
+    autograd::MessageRecord record;
+    record.set_context(context_id);
+    record.set_message(message_id);
+    for (bool r : requires_grad) record.add_requires_grad(r);
+    m.extensions[kAutogradExtension] = record.SerializeAsString();
+  }
+
   void on_send(const WorkerInfo& to, Message& m) {
-    const int64_t context_id = m.autograd_context >= 0 ? m.autograd_context : thread_context();
-    m.autograd_context = -1;
+    // A reply carries its request's record (the agent copies it): its context, unless the
+    // handler's thread is in one of its own.
+    const auto carried = record_of(m.extensions);
+    m.extensions.erase(kAutogradExtension);
+    const int64_t context_id = carried ? carried->context() : thread_context();
     if (context_id < 0) return;
     bool any = false;
     for (const auto& t : m.tensors) any = any || (t.defined() && t.requires_grad());
@@ -155,45 +184,48 @@ class Container final : public AutogradContainer, public std::enable_shared_from
     if (!any) {
       // The context travels anyway: what the callee returns may depend on its own
       // parameters, and its reply must then be recorded in this context.
-      std::lock_guard<std::mutex> lock(context->mu);
-      context->workers.insert(to.id);
-      m.autograd_context = context_id;
-      m.autograd_message = -1;
+      {
+        std::lock_guard<std::mutex> lock(context->mu);
+        context->workers.insert(to.id);
+      }
+      put_record(context_id, -1, {}, m);
       return;
     }
     auto send = std::make_shared<SendRpcBackward>();
-    m.requires_grad.assign(m.tensors.size(), false);
+    std::vector<bool> requires_grad(m.tensors.size(), false);
     for (size_t i = 0; i < m.tensors.size(); ++i) {
       if (!m.tensors[i].defined() || !m.tensors[i].requires_grad()) continue;
       send->add_next_edge(torch::autograd::impl::gradient_edge(m.tensors[i]));
-      m.requires_grad[i] = true;
+      requires_grad[i] = true;
       m.tensors[i] = m.tensors[i].detach();
     }
     const int64_t message_id = (static_cast<int64_t>(agent_.self().id) << 48) | next_message_.fetch_add(1);
-    std::lock_guard<std::mutex> lock(context->mu);
-    context->sends[message_id] = send;
-    context->workers.insert(to.id);
-    m.autograd_context = context_id;
-    m.autograd_message = message_id;
+    {
+      std::lock_guard<std::mutex> lock(context->mu);
+      context->sends[message_id] = send;
+      context->workers.insert(to.id);
+    }
+    put_record(context_id, message_id, requires_grad, m);
   }
 
   void on_receive(const WorkerInfo& from, Message& m) {
-    if (m.autograd_context < 0) return;
-    auto context = get_or_create(m.autograd_context);
-    if (m.autograd_message < 0) {  // the context only, no tensors requiring grad
+    const auto record = record_of(m.extensions);
+    if (!record || record->context() < 0) return;
+    auto context = get_or_create(record->context());
+    if (record->message() < 0) {  // the context only, no tensors requiring grad
       std::lock_guard<std::mutex> lock(context->mu);
       context->workers.insert(from.id);
       return;
     }
-    auto recv = std::make_shared<RecvRpcBackward>(m.autograd_message, from.id);
-    for (size_t i = 0; i < m.tensors.size() && i < m.requires_grad.size(); ++i) {
-      if (!m.requires_grad[i]) continue;
+    auto recv = std::make_shared<RecvRpcBackward>(record->message(), from.id);
+    for (int i = 0; i < record->requires_grad_size() && i < static_cast<int>(m.tensors.size()); ++i) {
+      if (!record->requires_grad(i)) continue;
       at::Tensor t = m.tensors[i];
       const uint32_t input = recv->add_input_metadata(t);
       torch::autograd::impl::set_gradient_edge(t, Edge(recv, input));
     }
     std::lock_guard<std::mutex> lock(context->mu);
-    context->recvs[m.autograd_message] = recv;
+    context->recvs[record->message()] = recv;
     context->workers.insert(from.id);
   }
 

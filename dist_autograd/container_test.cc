@@ -64,6 +64,41 @@ class ContainerTest : public ::testing::Test {
   std::promise<void> worker0_lost_;  // worker1's agent told its listeners
 };
 
+// The autograd header arrives as a peer's bytes: a malformed one is refused with an error
+// naming it, the handler never runs, and the worker goes on serving.
+TEST(Container, AMalformedAutogradHeaderFromAPeerIsAProtocolErrorNotACrash) {
+  ManualExecutor executor;  // outlives the agents, as in the fixture
+  InMemoryAgents agents(2);
+  auto container = create_autograd_container(agents[1], executor, kTtl);
+  std::atomic<int> served{0};
+  agents[1].register_handler(kTriple, [&](const WorkerInfo&, Message) {
+    ++served;
+    auto future = make_message_future();
+    future->markCompleted(message_to_ivalue(Message{kTriple, "", {}}));
+    return future;
+  });
+  agents.start();
+  for (const std::string& bytes : {std::string("\x08"), std::string("\x12\x05" "ab"), std::string("\xff\xff\xff")}) {
+    Message request{kTriple, "", {at::ones({1})}};
+    request.extensions[kAutogradExtension] = bytes;
+    auto reply = agents[0].send(agents[0].worker(1), std::move(request), milliseconds(10000), "triple");
+    reply->wait();
+    ASSERT_TRUE(reply->hasError());
+    try {
+      std::rethrow_exception(reply->exception_ptr());
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kProtocol);
+      EXPECT_NE(std::string(e.what()).find("malformed distributed autograd header"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(served.load(), 0);
+  EXPECT_EQ(container->num_contexts(), 0);
+  auto fine = agents[0].send(agents[0].worker(1), Message{kTriple, "", {}}, milliseconds(10000), "triple");
+  fine->wait();
+  EXPECT_FALSE(fine->hasError());
+  EXPECT_EQ(served.load(), 1);
+}
+
 TEST_F(ContainerTest, BackwardThroughAnotherWorkerLeavesTheGradientInTheContext) {
   const int64_t id = containers_[0]->new_context();
   containers_[0]->set_current_context(id);

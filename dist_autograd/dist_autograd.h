@@ -19,6 +19,10 @@ enum AutogradMessageType : int32_t {
   kAutogradRelease = 201,   // forget a context
 };
 
+// The id of distributed autograd's header on RPC messages (rpc/message.h's Extensions):
+// the context a message belongs to and the send function of its tensors.
+constexpr int32_t kAutogradExtension = 200;
+
 // One worker's distributed autograd contexts. A context id carries its creating worker's
 // id in the high 16 bits. Inside a context (see Scope), every message carrying tensors
 // that require grad records a send function here and a recv function on the receiver;
@@ -38,6 +42,10 @@ class AutogradContainer {
   virtual bool has_context(int64_t context_id) = 0;
   virtual int64_t num_contexts() = 0;
 
+  // The context a received request belongs to (-1: none), read from its extensions: a
+  // handler runs in it so the calls it makes are recorded there. Throws kProtocol when
+  // the extension is malformed. Thread-safe.
+  virtual int64_t context_of(const Extensions& extensions) = 0;
   // The context of the calling thread (-1: none), and setting it.
   virtual int64_t current_context() = 0;
   virtual void set_current_context(int64_t context_id) = 0;

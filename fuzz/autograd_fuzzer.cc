@@ -14,7 +14,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   drpc::fuzz::run_message_input(data, size, [](const drpc::rpc::Envelope& e) {
-    return e.type() == drpc::kAutogradBackward || e.type() == drpc::kAutogradRelease || e.autograd_context() != 0;
+    return e.type() == drpc::kAutogradBackward || e.type() == drpc::kAutogradRelease || e.extensions().count(drpc::kAutogradExtension) > 0;
   });
   return 0;
 }

@@ -51,11 +51,7 @@ std::string wire_message(const Message& m) {
   envelope.set_type(m.type);
   envelope.set_id(kInjectedRequestId);
   envelope.set_payload(m.payload);
-  if (m.autograd_context >= 0) {
-    envelope.set_autograd_context(m.autograd_context + 1);
-    envelope.set_autograd_message(m.autograd_message);
-    for (bool r : m.requires_grad) envelope.add_requires_grad(r);
-  }
+  for (const auto& [id, bytes] : m.extensions) (*envelope.mutable_extensions())[id] = bytes;
   pg::FrameHeader header;
   header.set_kind(pg::FrameHeader::MESSAGE);
   header.set_payload(envelope.SerializeAsString());
@@ -87,7 +83,7 @@ std::vector<Message> record_traffic() {
   {
     World world([&](const WorkerInfo&, const Message& m) {
       const std::string kind = std::to_string(m.type) + "/" + std::to_string(m.tensors.size()) + "/" +
-                               std::to_string(m.autograd_context >= 0) + "/" + std::to_string(m.payload.empty());
+                               std::to_string(m.extensions.count(kAutogradExtension)) + "/" + std::to_string(m.payload.empty());
       std::lock_guard<std::mutex> lock(mu);
       if (!kinds.insert(kind).second) return;
       Message copy = m;
@@ -176,8 +172,9 @@ void message_seeds(const fs::path& rref_dir, const fs::path& autograd_dir, const
   std::map<std::string, int> count;
   for (const auto& m : traffic) {
     const bool rref = m.type >= kRRefRemoteCall && m.type <= kRRefApply;
-    const bool autograd = m.type == kAutogradBackward || m.type == kAutogradRelease || m.autograd_context >= 0;
-    std::string name = type_name(m.type) + (m.autograd_context >= 0 ? "_in_context" : "");
+    const bool in_context = m.extensions.count(kAutogradExtension) > 0;
+    const bool autograd = m.type == kAutogradBackward || m.type == kAutogradRelease || in_context;
+    std::string name = type_name(m.type) + (in_context ? "_in_context" : "");
     name += "_" + std::to_string(count[name]++);
     if (rref) write(rref_dir, name, wire_message(m));
     if (autograd) write(autograd_dir, name, wire_message(m));

@@ -44,14 +44,14 @@ FuturePtr failed(const std::string& why) {
 
 // The workers' functions. A fuzzer cannot name builtin operators here: what it attacks
 // is the protocol's handling of bytes, not what a job chooses to run.
-FuturePtr run(const std::string& fn, std::vector<c10::IValue> args, const Kwargs&, int64_t) {
+FuturePtr run(const std::string& fn, std::vector<c10::IValue> args, const Kwargs&, const Extensions&) {
   if (fn == "fuzz.param") return completed(at::ones({2}).requires_grad_());
   if (fn == "fuzz.echo") return completed(c10::ivalue::Tuple::create(std::move(args)));
   return failed("no function " + fn);
 }
 
 FuturePtr apply(const c10::IValue& value, const std::string& fn, std::vector<c10::IValue> args, const Kwargs&,
-                int64_t) {
+                const Extensions&) {
   if (fn == "fuzz.mul" && value.isTensor() && args.size() == 1 && args[0].isTensor()) {
     try {
       return completed(at::mul(value.toTensor(), args[0].toTensor()));

@@ -3,6 +3,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,16 +18,19 @@ enum MessageType : int32_t {
   kJoinVerdict = 3,  // payload: rpc::JoinVerdict, from the join's leader
 };
 
+// Headers an upper layer attaches to messages (through an interceptor), keyed by an id
+// from that layer's own range, as its message types are (distributed autograd: 200-299).
+// The agent carries them and never reads them. A reply starts with its request's
+// extensions (an interceptor's on_send may replace or drop them), so what a layer put on
+// a request, such as the caller's autograd context, reaches the reply.
+using Extensions = std::map<int32_t, std::string>;
+
 // One request or reply between agents: opaque header bytes for its type plus tensors.
 struct Message {
   int32_t type = 0;
   std::string payload;
   std::vector<at::Tensor> tensors;
-  // Distributed autograd's record of this message (set by its interceptor): the context
-  // it belongs to (-1: none), the send function's id, and which tensors require grad.
-  int64_t autograd_context = -1;
-  int64_t autograd_message = -1;
-  std::vector<bool> requires_grad;
+  Extensions extensions;
 };
 
 }  // namespace drpc

@@ -23,18 +23,26 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-void put_autograd(const Message& m, rpc::Envelope* e) {
-  if (m.autograd_context < 0) return;
-  e->set_autograd_context(m.autograd_context + 1);
-  e->set_autograd_message(m.autograd_message);
-  for (bool r : m.requires_grad) e->add_requires_grad(r);
+// Upper layers' headers travel opaquely in the envelope.
+void put_extensions(const Message& m, rpc::Envelope* e) {
+  for (const auto& [id, bytes] : m.extensions) (*e->mutable_extensions())[id] = bytes;
 }
 
-void take_autograd(const rpc::Envelope& e, Message* m) {
-  if (e.autograd_context() == 0) return;
-  m->autograd_context = e.autograd_context() - 1;
-  m->autograd_message = e.autograd_message();
-  m->requires_grad.assign(e.requires_grad().begin(), e.requires_grad().end());
+void take_extensions(rpc::Envelope& e, Message* m) {
+  for (auto& [id, bytes] : *e.mutable_extensions()) m->extensions.emplace(id, std::move(bytes));
+}
+
+// An exception as an error reply: drpc's Errors keep their kind, anything else is kRemote.
+void put_error(const std::exception_ptr& error, rpc::Envelope* e) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& err) {
+    e->set_error_kind(to_wire(err.kind()));
+    e->set_error(err.message());
+  } catch (const std::exception& err) {
+    e->set_error_kind(to_wire(ErrorKind::kRemote));
+    e->set_error(err.what());
+  }
 }
 
 int64_t tensor_bytes(const std::vector<at::Tensor>& tensors) {
@@ -187,7 +195,7 @@ class ProcessGroupAgent final : public RpcAgent {
       envelope.set_id(id);
       envelope.set_what(label);
       if (collector) envelope.set_profile(true);
-      put_autograd(request, &envelope);
+      put_extensions(request, &envelope);
       envelope.set_payload(std::move(request.payload));
       header = envelope.SerializeAsString();
       wire_bytes = static_cast<int64_t>(header.size()) + tensor_bytes(request.tensors);
@@ -398,6 +406,7 @@ class ProcessGroupAgent final : public RpcAgent {
     Metrics::Function* fn = nullptr;
     int64_t arrival_ns = 0;
     std::shared_ptr<ServeTrace> trace;  // profiled requests only
+    std::exception_ptr refused;         // an interceptor refused the request: the answer
   };
 
   // --- network threads -----------------------------------------------------------------
@@ -437,17 +446,26 @@ class ProcessGroupAgent final : public RpcAgent {
     }
     if (metrics_) metrics_->bytes_received(source, bytes);
     Message message{envelope.type(), std::move(*envelope.mutable_payload()), std::move(raw.tensors)};
-    take_autograd(envelope, &message);
-    for (auto& i : interceptors_) {
-      if (i.on_receive) i.on_receive(workers_[source], message);
+    take_extensions(envelope, &message);
+    // An interceptor refuses what it cannot read (a peer's malformed extension): the
+    // request is answered with its error, a reply fails its call with it.
+    std::exception_ptr refused;
+    try {
+      for (auto& i : interceptors_) {
+        if (i.on_receive) i.on_receive(workers_[source], message);
+      }
+    } catch (...) {
+      refused = std::current_exception();
     }
+    if (refused && envelope.is_response()) put_error(refused, &envelope);
     if (!envelope.is_response()) {
       // The caller's label, bounded again: a peer's bytes are not to be trusted.
       const std::string label = function_label(envelope.what());
       Served served{metrics_ ? metrics_->function(label) : nullptr, arrival_ns,
                     envelope.profile() && tracer_
                         ? std::make_shared<ServeTrace>(label, tracer_->new_span_id(self_.id))
-                        : nullptr};
+                        : nullptr,
+                    refused};
       if (metrics_) metrics_->call_received(served.fn, source);
       VLOG(1) << "request " << envelope.id() << " from " << workers_[source].name << ": " << label
               << " (type " << envelope.type() << (served.trace ? ", profiled" : "") << ")";
@@ -722,7 +740,8 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   void serve(int source, int64_t id, Message request, Served served) {
-    const int64_t autograd_context = request.autograd_context;
+    // The reply starts with the request's extensions (rpc/message.h).
+    Extensions request_extensions = request.extensions;
     if (served.trace) {
       served.trace->start_ns = steady_now_ns();
       served.trace->tid = current_thread_id();
@@ -730,7 +749,10 @@ class ProcessGroupAgent final : public RpcAgent {
     }
     FuturePtr reply;
     auto handler = handlers_.find(request.type);
-    if (handler == handlers_.end()) {
+    if (served.refused) {
+      reply = make_message_future();
+      reply->setError(served.refused);
+    } else if (handler == handlers_.end()) {
       reply = make_message_future();
       reply->setError(std::make_exception_ptr(
           Error(ErrorKind::kBadArgument, self_.name + " has no handler for message type " + std::to_string(request.type))));
@@ -745,33 +767,28 @@ class ProcessGroupAgent final : public RpcAgent {
       }
     }
     // The reply goes out when the future completes, whichever thread completes it.
-    reply->addCallback([this, source, id, autograd_context, served = std::move(served)](c10::ivalue::Future& done) {
-      answer(source, id, done, autograd_context, served);
+    reply->addCallback([this, source, id, request_extensions = std::move(request_extensions),
+                        served = std::move(served)](c10::ivalue::Future& done) {
+      answer(source, id, done, request_extensions, served);
     });
   }
 
-  // The reply belongs to the request's autograd context, whichever thread sends it.
-  void answer(int source, int64_t id, c10::ivalue::Future& done, int64_t autograd_context, const Served& served) {
+  // The reply carries the request's extensions that it does not set itself (so it belongs
+  // to the request's autograd context, say), whichever thread sends it.
+  void answer(int source, int64_t id, c10::ivalue::Future& done, const Extensions& request_extensions,
+              const Served& served) {
     const int64_t reply_ns = steady_now_ns();
     rpc::Envelope envelope;
     envelope.set_id(id);
     envelope.set_is_response(true);
     Message reply;
     if (done.hasError()) {
-      try {
-        std::rethrow_exception(done.exception_ptr());
-      } catch (const Error& e) {
-        envelope.set_error_kind(to_wire(e.kind()));
-        envelope.set_error(e.message());
-      } catch (const std::exception& e) {
-        envelope.set_error_kind(to_wire(ErrorKind::kRemote));
-        envelope.set_error(e.what());
-      }
+      put_error(done.exception_ptr(), &envelope);
     } else {
       try {
         reply = message_from_ivalue(done.value());
         envelope.set_type(reply.type);
-        if (reply.autograd_context < 0) reply.autograd_context = autograd_context;
+        reply.extensions.insert(request_extensions.begin(), request_extensions.end());  // keeps its own
       } catch (const Error& e) {  // the handler's bug, told to its caller
         envelope.set_error_kind(to_wire(e.kind()));
         envelope.set_error(e.message());
@@ -794,7 +811,7 @@ class ProcessGroupAgent final : public RpcAgent {
       }
       deliver_local_reply(id, envelope, std::move(reply));
     } else {
-      put_autograd(reply, &envelope);
+      put_extensions(reply, &envelope);
       envelope.set_payload(std::move(reply.payload));
       try {
         std::string header = envelope.SerializeAsString();

@@ -130,6 +130,47 @@ TEST(ProcessGroupAgent, HandlerErrorsAndUnknownTypesComeBackWithTheirKind) {
   EXPECT_THROW(agents[0].worker("nobody"), Error);
 }
 
+// Extensions cross the wire untouched and a reply starts with its request's; what an
+// interceptor refuses on arrival (a peer's malformed header) is answered with its error
+// and never reaches the handler.
+TEST(ProcessGroupAgent, ExtensionsTravelToTheReplyAndARefusedRequestIsAnsweredWithTheError) {
+  constexpr int32_t kExtension = 250;
+  Agents agents(2);
+  std::atomic<int> served{0};
+  std::string seen;  // written by the handler, read after its reply arrived
+  agents[1].register_handler(kEcho, [&](const WorkerInfo&, Message request) {
+    ++served;
+    seen = request.extensions.count(kExtension) ? request.extensions.at(kExtension) : "(none)";
+    auto future = make_message_future();
+    Message reply{kEcho, "r", {}};
+    reply.extensions[kExtension + 1] = "the handler's";
+    future->markCompleted(message_to_ivalue(std::move(reply)));
+    return future;
+  });
+  agents[1].add_interceptor(RpcAgent::Interceptor{nullptr, [&](const WorkerInfo&, Message& m) {
+    auto it = m.extensions.find(kExtension);
+    if (it != m.extensions.end() && it->second == "bad") {
+      throw Error(ErrorKind::kProtocol, "malformed test header");
+    }
+  }});
+  agents[0].start();
+  agents[1].start();
+  Message request{kEcho, "q", {}};
+  request.extensions[kExtension] = std::string("o\0k", 3);
+  auto ok = agents[0].send(agents[0].worker(1), std::move(request), milliseconds(5000), "ok");
+  ok->wait();
+  const Message reply = message_from_ivalue(ok->value());
+  EXPECT_EQ(seen, std::string("o\0k", 3));
+  EXPECT_EQ(reply.extensions, (Extensions{{kExtension, std::string("o\0k", 3)}, {kExtension + 1, "the handler's"}}));
+
+  Message bad{kEcho, "q", {}};
+  bad.extensions[kExtension] = "bad";
+  Error e = error_of(agents[0].send(agents[0].worker(1), std::move(bad), milliseconds(5000), "bad"));
+  EXPECT_EQ(e.kind(), ErrorKind::kProtocol);
+  EXPECT_NE(std::string(e.what()).find("malformed test header"), std::string::npos) << e.what();
+  EXPECT_EQ(served.load(), 1);
+}
+
 // A handler whose future holds something other than a Message answers with an Internal
 // error naming what it held; the agent goes on serving.
 TEST(ProcessGroupAgent, AReplyThatIsNotAMessageComesBackAsAnInternalError) {

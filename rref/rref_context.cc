@@ -409,16 +409,16 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
   }
 
   FuturePtr apply_local(const FuturePtr& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
-                        int64_t autograd_context) {
+                        Extensions caller) {
     auto self = shared_from_this();
     auto result = any_future();
     after_on_pool(agent_, value,
-                  [self, value, result, fn, args = std::move(args), kwargs = std::move(kwargs), autograd_context]() {
+                  [self, value, result, fn, args = std::move(args), kwargs = std::move(kwargs), caller = std::move(caller)]() {
       if (value->hasError()) {
         result->setError(value->exception_ptr());
         return;
       }
-      FuturePtr out = self->apply_(value->value(), fn, args, kwargs, autograd_context);
+      FuturePtr out = self->apply_(value->value(), fn, args, kwargs, caller);
       forward_future(out, result);
     });
     return result;
@@ -593,7 +593,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     // value exists (or failed): the caller's deadline covers the creation, and its RRef
     // is confirmed only by a creation that succeeded.
     auto self = shared_from_this();
-    const int64_t autograd_context = m.autograd_context;
+    Extensions caller = m.extensions;
     auto created = owner->value_future()->then(
         [](c10::ivalue::Future& done) {
           done.value();  // rethrows the creation's error
@@ -610,9 +610,9 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
       }
       source = target->value_future();
     }
-    after_on_pool(agent_, confirmations(args), [self, owner, fn, args, kwargs, source, autograd_context]() mutable {
-      FuturePtr result = source ? self->apply_local(source, fn, std::move(args), std::move(kwargs), autograd_context)
-                                : self->run_(fn, std::move(args), std::move(kwargs), autograd_context);
+    after_on_pool(agent_, confirmations(args), [self, owner, fn, args, kwargs, source, caller]() mutable {
+      FuturePtr result = source ? self->apply_local(source, fn, std::move(args), std::move(kwargs), caller)
+                                : self->run_(fn, std::move(args), std::move(kwargs), caller);
       result->addCallback([owner](c10::ivalue::Future& r) {
         if (r.hasError()) {
           owner->set_error(r.exception_ptr());
@@ -639,7 +639,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     Kwargs kwargs;
     decode_call(call.call(), m.tensors, hooks(from.id), &args, &kwargs);
     FuturePtr result = apply_local(owner->value_future(), call.call().function(), std::move(args), std::move(kwargs),
-                                   m.autograd_context);
+                                   m.extensions);
     return reply_with_value(result, kRRefApply, from.id);
   }
 
@@ -984,7 +984,7 @@ FuturePtr OwnerRRef::call_on_owner(const std::string& fn, std::vector<c10::IValu
                                    milliseconds) {
   auto context = context_.lock();
   if (!context) throw Error(ErrorKind::kShutdown, "the RRef's worker has shut down");
-  return context->apply_local(value_, fn, std::move(args), std::move(kwargs), /*autograd_context=*/-1);
+  return context->apply_local(value_, fn, std::move(args), std::move(kwargs), /*caller=*/{});
 }
 
 RRef OwnerRRef::remote_on_owner(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,

@@ -27,15 +27,17 @@ enum RRefMessageType : int32_t {
 // consistent across workers with PyTorch's fork / confirm / delete protocol. Thread-safe.
 class RRefContext {
  public:
-  // Runs function `fn` on this worker (the composition root wires its registry) inside
-  // `autograd_context`, the caller's distributed autograd context (-1: none), as an RPC
-  // would run it: the calls it makes then belong to that context.
+  // Runs function `fn` on this worker (the composition root wires its registry) as an RPC
+  // would run it, for a caller whose request carried `caller` (rpc/message.h's Extensions,
+  // opaque here; empty for a call made on this worker): the composition root restores
+  // what upper layers put there, such as the caller's distributed autograd context, so
+  // the calls `fn` makes belong to it.
   using Run = std::function<FuturePtr(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
-                                      int64_t autograd_context)>;
+                                      const Extensions& caller)>;
   // Runs `fn` on a value this worker owns: a TorchScript object's method, or a
-  // registered function with the value first. In `autograd_context`, as Run.
+  // registered function with the value first. For `caller`, as Run.
   using Apply = std::function<FuturePtr(const c10::IValue& value, const std::string& fn,
-                                        std::vector<c10::IValue> args, Kwargs kwargs, int64_t autograd_context)>;
+                                        std::vector<c10::IValue> args, Kwargs kwargs, const Extensions& caller)>;
 
   RRefContext() = default;
   RRefContext(const RRefContext&) = delete;

@@ -32,12 +32,12 @@ class RRefControlTest : public ::testing::Test {
     RRefOptions options;
     options.control_attempts = attempts;
     for (int r = 0; r < 2; ++r) {
-      auto run = [](const std::string&, std::vector<c10::IValue> args, Kwargs, int64_t) {
+      auto run = [](const std::string&, std::vector<c10::IValue> args, Kwargs, const Extensions&) {
         auto future = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
         future->markCompleted(c10::IValue(args.at(0).toTensor() * 2));
         return future;
       };
-      auto apply = [](const c10::IValue&, const std::string&, std::vector<c10::IValue>, Kwargs, int64_t) -> FuturePtr {
+      auto apply = [](const c10::IValue&, const std::string&, std::vector<c10::IValue>, Kwargs, const Extensions&) -> FuturePtr {
         throw Error(ErrorKind::kBadArgument, "no methods here");
       };
       contexts_[r] = create_rref_context(agents_[r], executors_[r], run, apply, options);
