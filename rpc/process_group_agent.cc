@@ -14,6 +14,7 @@
 #include "common/error_wire.h"
 #include "common/logging.h"
 #include "rpc/metrics.h"
+#include "rpc/call_tracing.h"
 #include "rpc/profiler.h"
 #include "rpc/proto/rpc.pb.h"
 
@@ -49,32 +50,6 @@ int64_t tensor_bytes(const std::vector<at::Tensor>& tensors) {
   int64_t n = 0;
   for (const auto& t : tensors) n += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
   return n;
-}
-
-void to_proto(const TraceEvent& e, rpc::Span* s) {
-  s->set_name(e.name);
-  s->set_category(e.category);
-  s->set_worker(e.worker);
-  s->set_tid(e.tid);
-  s->set_thread(e.thread);
-  s->set_start_ns(e.start_ns);
-  s->set_duration_ns(e.duration_ns);
-  s->set_id(e.id);
-  s->set_parent(e.parent);
-  for (const auto& [k, v] : e.args) {
-    auto* arg = s->add_args();
-    arg->set_key(k);
-    arg->set_value(v);
-  }
-}
-
-// `shift` moves the span from its sender's clock onto ours.
-TraceEvent from_proto(const rpc::Span& s, int64_t shift) {
-  TraceEvent e{s.name(), s.category(), s.worker(), s.tid(), s.thread(), s.start_ns() + shift, s.duration_ns(), {}};
-  for (const auto& arg : s.args()) e.args.emplace_back(arg.key(), arg.value());
-  e.id = s.id();
-  e.parent = s.parent();
-  return e;
 }
 
 ErrorKind kind_of(const rpc::Envelope& e) {
@@ -368,16 +343,6 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
  private:
-  // A profiled call, as its caller records it.
-  struct CallTrace {
-    std::shared_ptr<TraceCollector> collector;
-    int64_t start_ns;  // send() called
-    int64_t sent_ns;   // handed to the transport
-    int64_t tid;
-    std::string thread;
-    std::string what;
-  };
-
   struct Pending {
     FuturePtr future;
     int dst;
@@ -387,18 +352,6 @@ class ProcessGroupAgent final : public RpcAgent {
     Metrics::Function* fn = nullptr;
     int64_t start_ns = 0;
     std::shared_ptr<CallTrace> trace;  // profiled calls only
-  };
-
-  // A profiled request, as its callee records it.
-  struct ServeTrace {
-    ServeTrace(std::string what, uint64_t execute_id)
-        : what(std::move(what)), execute_id(execute_id), collector(std::make_shared<TraceCollector>(execute_id)) {}
-    std::string what;
-    uint64_t execute_id;                         // the execution span, parent of its nested calls
-    std::shared_ptr<TraceCollector> collector;   // its nested calls
-    int64_t start_ns = 0;  // handler started
-    int64_t tid = 0;
-    std::string thread;
   };
 
   // What the agent keeps about a request it serves.
@@ -516,40 +469,9 @@ class ProcessGroupAgent final : public RpcAgent {
     if (p.trace) record_call(p, nullptr, steady_now_ns(), error_kind_name(kind));
   }
 
-  // The caller's spans of a profiled call, with the callee's (`profile`, if it answered)
-  // moved onto this worker's clock, go to the call's collector.
+  // The caller's spans of a profiled call, with the callee's (`profile`, if it answered).
   void record_call(const Pending& p, const rpc::Profile* profile, int64_t end_ns, const char* error) {
-    const CallTrace& t = *p.trace;
-    const std::string& peer = workers_[p.dst].name;
-    const uint64_t id = tracer_->new_span_id(self_.id);
-    std::vector<TraceEvent> events;
-    TraceEvent call{t.what, "rpc", self_.id, t.tid, t.thread, t.start_ns, end_ns - t.start_ns, {{"to", peer}}};
-    if (error) call.args.emplace_back("error", error);
-    call.id = id;
-    call.parent = t.collector->parent();
-    events.push_back(std::move(call));
-    auto part = [&](TraceEvent e) {
-      e.id = tracer_->new_span_id(self_.id);
-      e.parent = id;
-      events.push_back(std::move(e));
-    };
-    part(TraceEvent{"send", "send", self_.id, t.tid, t.thread, t.start_ns, t.sent_ns - t.start_ns,
-                    {{"function", t.what}, {"to", peer}}});
-    if (profile) {
-      const ClockAlignment a = align_clocks(t.sent_ns, profile->arrival_ns(), profile->reply_ns(), end_ns);
-      part(TraceEvent{"network", "network", self_.id, t.tid, t.thread, t.sent_ns, a.request_ns,
-                      {{"function", t.what}, {"direction", "request"}, {"to", peer}}});
-      part(TraceEvent{"network", "network", self_.id, t.tid, t.thread, profile->reply_ns() - a.offset, a.reply_ns,
-                      {{"function", t.what}, {"direction", "reply"}, {"from", peer}}});
-      for (const auto& span : profile->spans()) {
-        TraceEvent e = from_proto(span, -a.offset);
-        // The callee's execution of this call (its nested calls' executions already have
-        // their own callers): its parent is the call, which the trace draws as a flow arrow.
-        if (e.category == "execute" && e.parent == 0) e.parent = id;
-        events.push_back(std::move(e));
-      }
-    }
-    t.collector->add_all(std::move(events));
+    record_call_spans(*tracer_, *p.trace, self_.id, workers_[p.dst].name, profile, end_ns, error);
   }
 
   void on_peer_failed(int rank, const Error& reason) {
@@ -800,7 +722,11 @@ class ProcessGroupAgent final : public RpcAgent {
     }
     VLOG(1) << "answering " << id << " from " << workers_[source].name << " after "
             << (reply_ns - served.arrival_ns) / 1000 << " us" << (envelope.error_kind() != 0 ? " (error)" : "");
-    if (served.trace) add_served_spans(*served.trace, served.arrival_ns, reply_ns, source, &envelope);
+    if (served.trace) {
+      add_served_spans(*tracer_, *served.trace, self_.id, workers_[source].name, served.arrival_ns, reply_ns,
+                       envelope.error_kind() != 0 ? error_kind_name(kind_of(envelope)) : nullptr,
+                       envelope.mutable_profile_spans());
+    }
     for (auto& i : interceptors_) {
       if (i.on_send) i.on_send(workers_[source], reply);
     }
@@ -829,24 +755,6 @@ class ProcessGroupAgent final : public RpcAgent {
       if (source != self_.id) ++answered_from_[source];
     }
     idle_cv_.notify_all();
-  }
-
-  // A profiled request's spans on this worker: its queue and execution, and the calls it
-  // made meanwhile (already on this worker's clock).
-  void add_served_spans(ServeTrace& t, int64_t arrival_ns, int64_t reply_ns, int source, rpc::Envelope* envelope) {
-    rpc::Profile* profile = envelope->mutable_profile_spans();
-    profile->set_arrival_ns(arrival_ns);
-    profile->set_reply_ns(reply_ns);
-    const std::string& from = workers_[source].name;
-    TraceEvent queue{"queue", "queue", self_.id, t.tid, t.thread, arrival_ns, t.start_ns - arrival_ns,
-                     {{"function", t.what}, {"from", from}}};
-    queue.id = tracer_->new_span_id(self_.id);
-    to_proto(queue, profile->add_spans());
-    TraceEvent execute{t.what, "execute", self_.id, t.tid, t.thread, t.start_ns, reply_ns - t.start_ns, {{"from", from}}};
-    execute.id = t.execute_id;
-    if (envelope->error_kind() != 0) execute.args.emplace_back("error", error_kind_name(kind_of(*envelope)));
-    to_proto(execute, profile->add_spans());
-    for (const auto& e : t.collector->take()) to_proto(e, profile->add_spans());
   }
 
   void deliver_local_reply(int64_t id, const rpc::Envelope& envelope, Message reply) {
