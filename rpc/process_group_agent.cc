@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "rpc/metrics.h"
 #include "rpc/call_tracing.h"
+#include "rpc/join_protocol.h"
 #include "rpc/profiler.h"
 #include "rpc/proto/rpc.pb.h"
 
@@ -63,6 +64,7 @@ class ProcessGroupAgent final : public RpcAgent {
         workers_(std::move(workers)),
         options_(options),
         default_timeout_ms_(options.default_timeout.count()),
+        join_leader_(static_cast<int>(workers_.size())),
         callbacks_([this](const std::function<void()>& serve) {
           ScopedLogTag tag(&log_tag_);
           set_current_thread_name("callback");
@@ -485,7 +487,9 @@ class ProcessGroupAgent final : public RpcAgent {
       // led, the next live rank leads (workers waiting report again).
       dead_[rank] = true;
       gone_reason_[rank] = reason.message();
-      for (auto& [generation, state] : leading_) evaluate_join_locked(generation, &outbox);
+      std::vector<JoinVerdictFor> verdicts;
+      join_leader_.on_peer_dead(dead_, &verdicts);
+      route_verdicts_locked(std::move(verdicts), &outbox);
       for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->second.dst == rank) {
           if (it->second.deadline != Clock::time_point::max()) erase_deadline(it->second.deadline, it->first);
@@ -514,14 +518,6 @@ class ProcessGroupAgent final : public RpcAgent {
     int32_t type;
     std::string payload;
   };
-  // What this worker knows of a join it leads (or might: a report can reach the next rank
-  // before it learns that the leader died).
-  struct JoinRound {
-    int64_t round = 0;
-    bool done = false;
-    std::map<int, rpc::JoinReport> reports;  // by rank, for `round`
-  };
-
   int leader_locked() const {
     for (int r = 0; r < static_cast<int>(dead_.size()); ++r) {
       if (!dead_[r]) return r;
@@ -550,9 +546,8 @@ class ProcessGroupAgent final : public RpcAgent {
       std::lock_guard<std::mutex> lock(mu_);
       if (envelope.type() == kJoinReport) {
         rpc::JoinReport report;
-        const size_t n = workers_.size();
-        if (!report.ParseFromString(envelope.payload()) || report.sent_to_size() != static_cast<int>(n) ||
-            report.answered_from_size() != static_cast<int>(n) || report.generation() <= 0 || report.round() < 0) {
+        if (!report.ParseFromString(envelope.payload()) ||
+            !JoinLeader::well_formed(report, static_cast<int>(workers_.size()))) {
           LOG(ERROR) << self_.name << ": dropping a malformed join report from " << workers_[source].name;
           return;
         }
@@ -570,63 +565,21 @@ class ProcessGroupAgent final : public RpcAgent {
     send_all(std::move(outbox));
   }
 
+  // The leader's part (rpc/join_protocol.h) decides; a report and verdict may also be
+  // this worker's own (the leader joins too).
   void on_join_report_locked(int source, const rpc::JoinReport& report, std::vector<Outgoing>* outbox) {
-    JoinRound& state = leading_[report.generation()];
-    if (state.done) {  // a report sent again to a new leader after the verdict
-      send_verdict_locked(source, report.generation(), state.round, true, outbox);
-      return;
-    }
-    if (report.round() < state.round) return;  // a verdict asking for a later round is on its way
-    if (report.round() > state.round) {
-      // Its last leader asked for this round: ask the others too (reports of older rounds
-      // no longer count).
-      state.round = report.round();
-      state.reports.clear();
-      for (int r = 0; r < static_cast<int>(dead_.size()); ++r) {
-        if (!dead_[r] && r != source) send_verdict_locked(r, report.generation(), state.round, false, outbox);
-      }
-    }
-    state.reports[source] = report;
-    evaluate_join_locked(report.generation(), outbox);
+    std::vector<JoinVerdictFor> verdicts;
+    join_leader_.on_report(source, report, dead_, &verdicts);
+    route_verdicts_locked(std::move(verdicts), outbox);
   }
 
-  // The job is quiet when every live worker has reported this round, idle, and every
-  // request between live workers that one counted as sent the other counted as answered.
-  void evaluate_join_locked(int64_t generation, std::vector<Outgoing>* outbox) {
-    JoinRound& state = leading_[generation];
-    if (state.done) return;
-    const int n = static_cast<int>(dead_.size());
-    for (int r = 0; r < n; ++r) {
-      if (!dead_[r] && !state.reports.count(r)) return;
-    }
-    bool quiet = true;
-    for (int i = 0; i < n && quiet; ++i) {
-      for (int j = 0; j < n && quiet; ++j) {
-        if (i == j || dead_[i] || dead_[j]) continue;
-        quiet = state.reports[i].sent_to(j) == state.reports[j].answered_from(i);
+  void route_verdicts_locked(std::vector<JoinVerdictFor> verdicts, std::vector<Outgoing>* outbox) {
+    for (auto& v : verdicts) {
+      if (v.dst == self_.id) {
+        on_join_verdict_locked(v.verdict);
+      } else {
+        outbox->push_back(Outgoing{v.dst, kJoinVerdict, v.verdict.SerializeAsString()});
       }
-    }
-    if (quiet) {
-      state.done = true;
-    } else {
-      ++state.round;
-      state.reports.clear();
-    }
-    VLOG(1) << "join " << generation << (quiet ? ": the job is quiet" : ": requests in flight, round ") << state.round;
-    for (int r = 0; r < n; ++r) {
-      if (!dead_[r]) send_verdict_locked(r, generation, state.round, quiet, outbox);
-    }
-  }
-
-  void send_verdict_locked(int dst, int64_t generation, int64_t round, bool done, std::vector<Outgoing>* outbox) {
-    rpc::JoinVerdict verdict;
-    verdict.set_generation(generation);
-    verdict.set_round(round);
-    verdict.set_done(done);
-    if (dst == self_.id) {
-      on_join_verdict_locked(verdict);
-    } else {
-      outbox->push_back(Outgoing{dst, kJoinVerdict, verdict.SerializeAsString()});
     }
   }
 
@@ -896,7 +849,7 @@ class ProcessGroupAgent final : public RpcAgent {
   int64_t join_generation_ = 0;         // calls of join() so far
   int64_t join_done_generation_ = 0;    // the last join the leader declared done
   std::map<int64_t, int64_t> join_retry_;  // generation -> round a verdict asked for
-  std::map<int64_t, JoinRound> leading_;   // generation -> reports this worker collected
+  JoinLeader join_leader_;                 // the joins this worker led or leads
 
   // Last: its threads run callbacks that use the members above; destroyed (closed) first.
   CallbackPool callbacks_;
