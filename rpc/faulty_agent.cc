@@ -57,7 +57,8 @@ class FaultyAgent final : public RpcAgent {
   }
 
   FuturePtr send(const WorkerInfo& to, Message request, std::chrono::milliseconds timeout,
-                 const std::string& what) override {
+                 const CallName& name) override {
+    const std::string what = name.text();
     std::unique_lock<std::mutex> lock(mu_);
     auto drop = faults_.drop.find(request.type);
     if (drop != faults_.drop.end() && drop->second > 0) {
@@ -87,10 +88,10 @@ class FaultyAgent final : public RpcAgent {
     FuturePtr future;
     if (hold.count() == 0) {
       lock.unlock();
-      future = inner_->send(to, std::move(request), timeout, what);
+      future = inner_->send(to, std::move(request), timeout, name);
     } else {
       future = make_message_future();
-      delayed_.emplace(Clock::now() + hold, Delayed{to, std::move(request), timeout, what, future});
+      delayed_.emplace(Clock::now() + hold, Delayed{to, std::move(request), timeout, name, future});
       cv_.notify_all();
       lock.unlock();
     }
@@ -107,7 +108,7 @@ class FaultyAgent final : public RpcAgent {
     WorkerInfo to;
     Message request;
     std::chrono::milliseconds timeout;
-    std::string what;
+    CallName what;
     FuturePtr future;
   };
 

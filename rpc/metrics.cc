@@ -279,38 +279,10 @@ MetricsSnapshot Metrics::snapshot() const {
 // --- labels and formats -------------------------------------------------------------------
 
 std::string function_label(const std::string& what) {
-  // On every call, so no streams: split on spaces by hand, after a fast path for the
-  // usual case, a function's name (one word, not an id).
+  // A peer names its calls' functions: bounded, so it cannot make labels endless.
   constexpr size_t kMaxLength = 128;
-  if (!what.empty() && what.size() <= kMaxLength && what.find(' ') == std::string::npos &&
-      what.find_first_not_of("0123456789:") != std::string::npos) {
-    return what;
-  }
-  std::string out;
-  size_t i = 0;
-  while (i < what.size()) {
-    while (i < what.size() && what[i] == ' ') ++i;
-    size_t end = i;
-    while (end < what.size() && what[end] != ' ') ++end;
-    if (end == i) break;
-    // An RRef id "owner:counter": digits, one colon, digits.
-    size_t colons = 0, digits = 0;
-    for (size_t k = i; k < end; ++k) {
-      if (what[k] == ':') {
-        ++colons;
-      } else if (what[k] >= '0' && what[k] <= '9') {
-        ++digits;
-      }
-    }
-    const bool id = colons == 1 && digits == end - i - 1 && what[i] != ':' && what[end - 1] != ':';
-    if (!id) {
-      if (!out.empty()) out += ' ';
-      out.append(what, i, end - i);
-    }
-    i = end;
-  }
-  if (out.size() > kMaxLength) out.resize(kMaxLength);
-  return out.empty() ? "unknown" : out;
+  if (what.empty()) return "unknown";
+  return what.size() <= kMaxLength ? what : what.substr(0, kMaxLength);
 }
 
 std::string to_prometheus_text(const MetricsSnapshot& s) {

@@ -157,8 +157,8 @@ class Metrics {
   std::map<std::string, std::unique_ptr<Function>> functions_;  // guarded by mu_; never erased
 };
 
-// A bounded metrics label for an agent's `what` of a call: the function's name, with the
-// RRef ids ("owner:counter") that RRef messages add dropped and the length capped.
+// A bounded metrics label for a call's function (CallName::function, or a peer's label
+// for it): its length capped, "unknown" for none.
 std::string function_label(const std::string& what);
 
 // The Prometheus text exposition format (version 0.0.4) of `snapshot`, with

@@ -141,7 +141,7 @@ class ProcessGroupAgent final : public RpcAgent {
       const auto now = steady_now_ns();
       for (const auto& [id, p] : pending_) {  // ids grow: oldest first
         if (s.calls_in_flight.size() >= MetricsSnapshot::kMaxCallsListed) break;
-        s.calls_in_flight.push_back({function_label(p.what), workers_[p.dst].name, (now - p.start_ns) * 1e-9});
+        s.calls_in_flight.push_back({p.label, workers_[p.dst].name, (now - p.start_ns) * 1e-9});
       }
     });
   }
@@ -150,7 +150,7 @@ class ProcessGroupAgent final : public RpcAgent {
     peer_failure_listeners_.push_back(std::move(listener));
   }
 
-  FuturePtr send(const WorkerInfo& to, Message request, milliseconds timeout, const std::string& what) override {
+  FuturePtr send(const WorkerInfo& to, Message request, milliseconds timeout, const CallName& what) override {
     const int64_t start_ns = steady_now_ns();
     const WorkerInfo dst = worker(to.id);
     std::shared_ptr<TraceCollector> collector;
@@ -158,7 +158,7 @@ class ProcessGroupAgent final : public RpcAgent {
     for (auto& i : interceptors_) {
       if (i.on_send) i.on_send(dst, request);
     }
-    const std::string label = function_label(what);
+    const std::string label = function_label(what.function);
     Metrics::Function* fn = metrics_ ? metrics_->function(label) : nullptr;
     auto future = make_message_future();
     const int64_t id = next_id_.fetch_add(1);
@@ -185,7 +185,7 @@ class ProcessGroupAgent final : public RpcAgent {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) throw Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " is shut down");
-      Pending pending{future, dst.id, what, timeout, Clock::time_point::max(), fn, start_ns, trace};
+      Pending pending{future, dst.id, what.text(), label, timeout, Clock::time_point::max(), fn, start_ns, trace};
       if (timeout.count() > 0) {
         pending.deadline = Clock::now() + timeout;
         deadlines_.emplace(pending.deadline, id);
@@ -348,7 +348,8 @@ class ProcessGroupAgent final : public RpcAgent {
   struct Pending {
     FuturePtr future;
     int dst;
-    std::string what;
+    std::string what;   // for error texts: the function and which object
+    std::string label;  // for metrics: the function
     milliseconds timeout;
     Clock::time_point deadline;
     Metrics::Function* fn = nullptr;

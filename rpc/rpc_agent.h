@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -59,6 +60,18 @@ inline void forward_future(const FuturePtr& from, const FuturePtr& to) {
 
 // Sends messages between the workers of one job and dispatches those that arrive to
 // the handler registered for their type. Every method is thread-safe.
+// What a call is: `function` labels it in both sides' metrics and traces (one label per
+// function, however many objects it is called on), `detail` says which object (an RRef's
+// id) in error texts only. A plain string is a function with no detail.
+struct CallName {
+  CallName(std::string function_name, std::string call_detail = "")  // NOLINT: implicit on purpose
+      : function(std::move(function_name)), detail(std::move(call_detail)) {}
+  CallName(const char* function_name) : function(function_name) {}  // NOLINT
+  std::string text() const { return detail.empty() ? function : function + " " + detail; }
+  std::string function;
+  std::string detail;
+};
+
 class RpcAgent {
  public:
   // Serves one request; returns a future of the reply Message (a handler may complete it
@@ -95,7 +108,7 @@ class RpcAgent {
   // when the handler failed, with the remote worker's name and message; kShutdown after
   // shutdown. Throws kBadArgument for an unknown worker and kShutdown when stopped.
   virtual FuturePtr send(const WorkerInfo& to, Message request, std::chrono::milliseconds timeout,
-                         const std::string& what) = 0;
+                         const CallName& what) = 0;
 
   // Registers the handler for `type`; set before start(). Not thread-safe with send().
   // `run_inline` handlers run on the network thread that received the request: for cheap

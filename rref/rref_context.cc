@@ -382,7 +382,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     to_proto(user.rref(), control.mutable_rref());
     user.check_usable();
     FuturePtr reply = agent_.send(user.owner_info(), Message{kRRefFetch, control.SerializeAsString(), {}}, timeout,
-                                  "to_here of RRef " + user.rref().str());
+                                  CallName{"to_here of RRef", user.rref().str()});
     // A fetch waiting on a creation that then times out fails with it, not at its own
     // (maybe much later) deadline.
     reply = unless_failed(reply, user.confirmation_future());
@@ -399,7 +399,7 @@ class ContextImpl final : public RRefContext, public std::enable_shared_from_thi
     Message m{kRRefApply, "", {}};
     encode_call(fn, args, kwargs, hooks(owner.id), call.mutable_call(), &m.tensors);
     m.payload = call.SerializeAsString();
-    FuturePtr reply = agent_.send(owner, std::move(m), timeout, fn + " on RRef " + rref.str());
+    FuturePtr reply = agent_.send(owner, std::move(m), timeout, CallName{fn + " on RRef", rref.str()});
     auto self = shared_from_this();
     const int peer = owner.id;
     // Handed to the user (RRef::rpc_async): completed off the network thread.
