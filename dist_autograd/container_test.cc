@@ -13,6 +13,7 @@
 #include "common/manual_executor.h"
 #include "dist_autograd/dist_autograd.h"
 #include "rpc/in_memory_agents.h"
+#include "testing/errors.h"
 
 namespace drpc {
 namespace {
@@ -84,12 +85,9 @@ TEST(Container, AMalformedAutogradHeaderFromAPeerIsAProtocolErrorNotACrash) {
     auto reply = agents[0].send(agents[0].worker(1), std::move(request), milliseconds(10000), "triple");
     reply->wait();
     ASSERT_TRUE(reply->hasError());
-    try {
-      std::rethrow_exception(reply->exception_ptr());
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::kProtocol);
-      EXPECT_NE(std::string(e.what()).find("malformed distributed autograd header"), std::string::npos) << e.what();
-    }
+    const Error e = testing::expect_error([&] { reply->value(); });
+    EXPECT_EQ(e.kind(), ErrorKind::kProtocol);
+    EXPECT_TRUE(testing::contains(e.what(), "malformed distributed autograd header")) << e.what();
   }
   EXPECT_EQ(served.load(), 0);
   EXPECT_EQ(container->num_contexts(), 0);

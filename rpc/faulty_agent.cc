@@ -57,7 +57,7 @@ class FaultyAgent final : public RpcAgent {
   }
 
   FuturePtr send(const WorkerInfo& to, Message request, std::chrono::milliseconds timeout,
-                 const CallName& name) override {
+                 CallName name) override {
     const std::string what = name.text();
     std::unique_lock<std::mutex> lock(mu_);
     auto drop = faults_.drop.find(request.type);

@@ -141,7 +141,7 @@ class ProcessGroupAgent final : public RpcAgent {
       const auto now = steady_now_ns();
       for (const auto& [id, p] : pending_) {  // ids grow: oldest first
         if (s.calls_in_flight.size() >= MetricsSnapshot::kMaxCallsListed) break;
-        s.calls_in_flight.push_back({p.label, workers_[p.dst].name, (now - p.start_ns) * 1e-9});
+        s.calls_in_flight.push_back({function_label(p.what.function), workers_[p.dst].name, (now - p.start_ns) * 1e-9});
       }
     });
   }
@@ -150,7 +150,7 @@ class ProcessGroupAgent final : public RpcAgent {
     peer_failure_listeners_.push_back(std::move(listener));
   }
 
-  FuturePtr send(const WorkerInfo& to, Message request, milliseconds timeout, const CallName& what) override {
+  FuturePtr send(const WorkerInfo& to, Message request, milliseconds timeout, CallName what) override {
     const int64_t start_ns = steady_now_ns();
     const WorkerInfo dst = worker(to.id);
     std::shared_ptr<TraceCollector> collector;
@@ -185,7 +185,7 @@ class ProcessGroupAgent final : public RpcAgent {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) throw Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " is shut down");
-      Pending pending{future, dst.id, what.text(), label, timeout, Clock::time_point::max(), fn, start_ns, trace};
+      Pending pending{future, dst.id, std::move(what), timeout, Clock::time_point::max(), fn, start_ns, trace};
       if (timeout.count() > 0) {
         pending.deadline = Clock::now() + timeout;
         deadlines_.emplace(pending.deadline, id);
@@ -348,8 +348,7 @@ class ProcessGroupAgent final : public RpcAgent {
   struct Pending {
     FuturePtr future;
     int dst;
-    std::string what;   // for error texts: the function and which object
-    std::string label;  // for metrics: the function
+    CallName what;  // its text only on error
     milliseconds timeout;
     Clock::time_point deadline;
     Metrics::Function* fn = nullptr;
@@ -459,7 +458,7 @@ class ProcessGroupAgent final : public RpcAgent {
     }
     if (failed) {
       p.future->setErrorIfNeeded(std::make_exception_ptr(
-          Error(kind_of(envelope), "rpc " + p.what + " on " + workers_[p.dst].name + " failed: " + envelope.error())));
+          Error(kind_of(envelope), "rpc " + p.what.text() + " on " + workers_[p.dst].name + " failed: " + envelope.error())));
     } else {
       p.future->markCompleted(message_to_ivalue(std::move(message)));
     }
@@ -468,7 +467,7 @@ class ProcessGroupAgent final : public RpcAgent {
   // A call that ends without a reply (deadline, peer gone, shutdown).
   void call_failed(Pending& p, ErrorKind kind) {
     if (metrics_ && p.fn) metrics_->error(true, kind);
-    VLOG(1) << "call to " << workers_[p.dst].name << " (" << p.what << ") failed: " << error_kind_name(kind);
+    VLOG(1) << "call to " << workers_[p.dst].name << " (" << p.what.text() << ") failed: " << error_kind_name(kind);
     if (p.trace) record_call(p, nullptr, steady_now_ns(), error_kind_name(kind));
   }
 
@@ -508,7 +507,7 @@ class ProcessGroupAgent final : public RpcAgent {
     for (auto& p : failed) {
       call_failed(p, ErrorKind::kPeerUnavailable);
       p.future->setErrorIfNeeded(std::make_exception_ptr(
-          Error(ErrorKind::kPeerUnavailable, "rpc " + p.what + " to " + workers_[rank].name + " failed: " +
+          Error(ErrorKind::kPeerUnavailable, "rpc " + p.what.text() + " to " + workers_[rank].name + " failed: " +
                                                  workers_[rank].name + " is unavailable (" + reason.message() + ")")));
     }
   }
@@ -781,7 +780,7 @@ class ProcessGroupAgent final : public RpcAgent {
       idle_cv_.notify_all();
       call_failed(p, ErrorKind::kTimeout);
       p.future->setErrorIfNeeded(std::make_exception_ptr(
-          Error(ErrorKind::kTimeout, "rpc " + p.what + " to " + workers_[p.dst].name + " timed out after " +
+          Error(ErrorKind::kTimeout, "rpc " + p.what.text() + " to " + workers_[p.dst].name + " timed out after " +
                                          std::to_string(p.timeout.count()) + " ms")));
       lock.lock();
     }
@@ -806,7 +805,7 @@ class ProcessGroupAgent final : public RpcAgent {
     }
     call_failed(p, ErrorKind::kPeerUnavailable);
     p.future->setErrorIfNeeded(std::make_exception_ptr(
-        Error(ErrorKind::kPeerUnavailable, "rpc " + p.what + " to " + workers_[p.dst].name + " could not be sent: " + why)));
+        Error(ErrorKind::kPeerUnavailable, "rpc " + p.what.text() + " to " + workers_[p.dst].name + " could not be sent: " + why)));
   }
 
   ProcessGroup& group_;

@@ -64,6 +64,7 @@ inline void forward_future(const FuturePtr& from, const FuturePtr& to) {
 // function, however many objects it is called on), `detail` says which object (an RRef's
 // id) in error texts only. A plain string is a function with no detail.
 struct CallName {
+  CallName() = default;
   CallName(std::string function_name, std::string call_detail = "")  // NOLINT: implicit on purpose
       : function(std::move(function_name)), detail(std::move(call_detail)) {}
   CallName(const char* function_name) : function(function_name) {}  // NOLINT
@@ -108,7 +109,7 @@ class RpcAgent {
   // when the handler failed, with the remote worker's name and message; kShutdown after
   // shutdown. Throws kBadArgument for an unknown worker and kShutdown when stopped.
   virtual FuturePtr send(const WorkerInfo& to, Message request, std::chrono::milliseconds timeout,
-                         const CallName& what) = 0;
+                         CallName what) = 0;
 
   // Registers the handler for `type`; set before start(). Not thread-safe with send().
   // `run_inline` handlers run on the network thread that received the request: for cheap
