@@ -24,12 +24,6 @@
 namespace drpc {
 namespace rref_internal {
 
-struct Control {
-  int to = -1;
-  int32_t type = 0;  // kRRefForkRequest, kRRefChildAccept, kRRefUserDelete
-  Id rref, fork;
-};
-
 class ControlChannel : public std::enable_shared_from_this<ControlChannel> {
  public:
   // A control's outcome: nullptr once its peer answered, else the error it gave up on

@@ -9,19 +9,10 @@
 #include "common/executor.h"
 #include "rpc/rpc_agent.h"
 #include "rpc/value_codec.h"
+#include "rref/message_types.h"
 #include "rref/rref.h"
 
 namespace drpc {
-
-// Message types of the RRef protocol.
-enum RRefMessageType : int32_t {
-  kRRefRemoteCall = 100,
-  kRRefFetch = 101,
-  kRRefUserDelete = 102,
-  kRRefForkRequest = 103,
-  kRRefChildAccept = 104,
-  kRRefApply = 105,
-};
 
 // One worker's RRefs: the values it owns and the references it holds to others', kept
 // consistent across workers with PyTorch's fork / confirm / delete protocol. Thread-safe.

@@ -1,6 +1,7 @@
 #pragma once
 
-// An RRef's or a fork's id (its creating worker and a counter there), and its wire form.
+// An RRef's or a fork's id (its creating worker and a counter there), its wire form, and
+// the protocol's control messages, which name them.
 
 #include <cstdint>
 #include <string>
@@ -17,6 +18,13 @@ struct Id {
   bool operator<(const Id& o) const { return std::tie(worker, local) < std::tie(o.worker, o.local); }
   bool operator==(const Id& o) const { return worker == o.worker && local == o.local; }
   std::string str() const { return std::to_string(worker) + ":" + std::to_string(local); }
+};
+
+// A control message of the protocol, to worker `to`.
+struct Control {
+  int to = -1;
+  int32_t type = 0;  // kRRefForkRequest, kRRefChildAccept, kRRefUserDelete
+  Id rref, fork;
 };
 
 inline Id from_proto(const rref::Id& p) { return Id{p.worker(), p.local()}; }

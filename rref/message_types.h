@@ -1,0 +1,19 @@
+#pragma once
+
+// The RRef protocol's message types on the agent.
+
+#include <cstdint>
+
+namespace drpc {
+
+// Message types of the RRef protocol.
+enum RRefMessageType : int32_t {
+  kRRefRemoteCall = 100,
+  kRRefFetch = 101,
+  kRRefUserDelete = 102,
+  kRRefForkRequest = 103,
+  kRRefChildAccept = 104,
+  kRRefApply = 105,
+};
+
+}  // namespace drpc
