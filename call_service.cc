@@ -1,0 +1,141 @@
+#include "call_service.h"
+
+#include <algorithm>
+
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/runtime/operator.h>
+
+#include "drpc.h"
+#include "rpc/call_codec.h"
+#include "rpc/proto/rpc.pb.h"
+#include "runtime_scope.h"
+
+namespace drpc {
+
+using runtime_internal::CurrentAutogradContext;
+using runtime_internal::CurrentRuntime;
+
+CallService::CallService(Runtime& runtime, RpcAgent& agent, RRefContext& rrefs, AutogradContainer& autograd,
+                         FunctionRegistry& functions, Tracer& tracer)
+    : runtime_(runtime), agent_(agent), rrefs_(rrefs), autograd_(autograd), functions_(functions), tracer_(tracer) {
+  agent_.register_handler(kCallRequest,
+                          [this](const WorkerInfo& from, Message request) { return serve(from, request); });
+}
+
+FuturePtr CallService::rpc_async(const std::string& to, const std::string& fn, std::vector<c10::IValue> args,
+                                 Kwargs kwargs, std::chrono::milliseconds timeout) {
+  ValueHooks hooks;
+  FuturePtr reply = send(to, fn, args, kwargs, timeout, &hooks);
+  // The reply completes on a network thread; the user's future, and whatever its
+  // callbacks do, on a callback thread.
+  return complete_on_callback_thread(agent_, reply, [hooks](const c10::IValue& done) {
+    return decode_result(message_from_ivalue(done), hooks);
+  });
+}
+
+// Waits on the reply itself and decodes it here: no hop through a callback thread.
+c10::IValue CallService::rpc_sync(const std::string& to, const std::string& fn, std::vector<c10::IValue> args,
+                                  Kwargs kwargs, std::chrono::milliseconds timeout) {
+  ValueHooks hooks;
+  FuturePtr reply = send(to, fn, args, kwargs, timeout, &hooks);
+  reply->wait();
+  return decode_result(message_from_ivalue(reply->value()), hooks);  // value() rethrows the call's error
+}
+
+FuturePtr CallService::send(const std::string& to, const std::string& fn, const std::vector<c10::IValue>& args,
+                            const Kwargs& kwargs, std::chrono::milliseconds timeout, ValueHooks* hooks) {
+  const WorkerInfo dst = agent_.worker(to);
+  if (timeout == kDefaultTimeout) timeout = agent_.default_timeout();
+  *hooks = rrefs_.hooks(dst.id);
+  rpc::Call call;
+  Message request{kCallRequest, "", {}};
+  encode_call(fn, args, kwargs, *hooks, &call, &request.tensors);
+  request.payload = call.SerializeAsString();
+  return agent_.send(dst, std::move(request), timeout, fn);
+}
+
+FuturePtr CallService::serve(const WorkerInfo& from, const Message& request) {
+  CurrentRuntime current(&runtime_);
+  rpc::Call call;
+  if (!call.ParseFromString(request.payload)) throw Error(ErrorKind::kProtocol, "malformed call");
+  ValueHooks hooks = rrefs_.hooks(from.id);
+  CallArgs args;
+  decode_call(call, request.tensors, hooks, &args.args, &args.kwargs);
+  std::vector<c10::IValue> all = args.args;
+  for (const auto& kw : args.kwargs) all.push_back(kw.second);
+  const std::string fn = call.function();
+  const int64_t autograd_context = autograd_.context_of(request.extensions);
+  // The function runs once the owners have confirmed every RRef among its arguments.
+  auto result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+  // A profiled request's trace follows the function if it runs on another thread.
+  auto profiled = tracer_.serving();
+  when_done_on_pool(agent_, rrefs_.confirmations(all), [this, fn, args, result, autograd_context, profiled]() mutable {
+    CurrentRuntime current(&runtime_);
+    Tracer::Scope scope(&tracer_, profiled);
+    FuturePtr out;
+    {
+      // Calls the function makes belong to the caller's autograd context.
+      CurrentAutogradContext in_context(autograd_, autograd_context);
+      out = functions_.call(fn, std::move(args), agent_.self().name);
+    }
+    forward_future(out, result);
+  });
+  return result->then(
+      [fn, hooks](c10::ivalue::Future& done) {
+        return message_to_ivalue(encode_result(0, done.value(), fn + ": result", hooks));
+      },
+      c10::AnyType::get());
+}
+
+FuturePtr CallService::run(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
+                           const Extensions& caller) {
+  CurrentRuntime current(&runtime_);
+  CurrentAutogradContext in_context(autograd_, autograd_.context_of(caller));
+  return functions_.call(fn, CallArgs{std::move(args), std::move(kwargs)}, agent_.self().name);
+}
+
+FuturePtr CallService::apply(const c10::IValue& value, const std::string& fn, std::vector<c10::IValue> args,
+                             Kwargs kwargs, const Extensions& caller) {
+  CurrentRuntime current(&runtime_);
+  CurrentAutogradContext in_context(autograd_, autograd_.context_of(caller));
+  return apply_here(value, fn, std::move(args), std::move(kwargs));
+}
+
+FuturePtr CallService::apply_here(const c10::IValue& value, const std::string& fn, std::vector<c10::IValue> args,
+                                  Kwargs kwargs) {
+  // A plain name is a method; qualified names ("my.fn", "aten::add") name functions.
+  const bool method = !fn.empty() && std::all_of(fn.begin(), fn.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  });
+  auto no_method = [&] {
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+    future->setError(std::make_exception_ptr(Error(ErrorKind::kBadArgument, "a value of type " + value.type()->str() +
+                                                                                " on " + agent_.self().name +
+                                                                                " has no method '" + fn + "'")));
+    return future;
+  };
+  if (value.isObject()) {
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+    try {
+      torch::jit::Module module(value.toObject());
+      if (!module.find_method(fn)) return no_method();
+      CallArgs call{std::move(args), std::move(kwargs)};
+      future->markCompleted(FunctionRegistry::call_script(module, fn, call));
+    } catch (const Error&) {
+      future->setError(std::current_exception());
+    } catch (const std::exception& e) {
+      future->setError(
+          std::make_exception_ptr(Error(ErrorKind::kRemote, fn + " raised on " + agent_.self().name + ": " + e.what())));
+    }
+    return future;
+  }
+  std::string resolved = fn;
+  if (method) {
+    resolved = "aten::" + fn;
+    if (torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(resolved)).empty()) return no_method();
+  }
+  args.insert(args.begin(), value);
+  return functions_.call(resolved, CallArgs{std::move(args), std::move(kwargs)}, agent_.self().name);
+}
+
+}  // namespace drpc
