@@ -30,11 +30,11 @@ std::mutex& backends_mu() {
 }
 std::map<std::string, BackendFactory>& backends() {
   static std::map<std::string, BackendFactory> registry = {
-      {"process_group", [](ProcessGroup& group, std::vector<WorkerInfo> workers, const Options& options) {
+      {"process_group", [](MessagePort& port, std::vector<WorkerInfo> workers, const Options& options) {
          AgentOptions agent;
          agent.num_threads = options.num_worker_threads;
          agent.default_timeout = options.rpc_timeout;
-         return create_process_group_agent(group, std::move(workers), agent);
+         return create_process_group_agent(port, std::move(workers), agent);
        }}};
   return registry;
 }
@@ -119,9 +119,12 @@ class RuntimeImpl final : public Runtime {
     user_store_ = create_prefix_store("user", *store);
     auto pg_store = create_prefix_store("pg", *store);
     const ProcessGroupFactory make_group = options.process_group ? options.process_group : grpc_process_group_factory();
-    group_ = make_group(*pg_store, rank, world_size, options);
-    if (!group_ || group_->rank() != rank || group_->size() != world_size) {
-      throw Error(ErrorKind::kBadArgument, "the process group factory made no group of rank " + std::to_string(rank) +
+    GroupEndpoints endpoints = make_group(*pg_store, rank, world_size, options);
+    group_ = std::move(endpoints.group);
+    messages_ = std::move(endpoints.messages);
+    if (!group_ || !messages_ || group_->rank() != rank || group_->size() != world_size ||
+        messages_->rank() != rank || messages_->size() != world_size) {
+      throw Error(ErrorKind::kBadArgument, "the process group factory made no group and message port of rank " + std::to_string(rank) +
                                                " in a world of " + std::to_string(world_size));
     }
     for (const auto& [script, path] : options.scripts) functions_.load_script(script, path);
@@ -132,7 +135,7 @@ class RuntimeImpl final : public Runtime {
       if (it == backends().end()) throw Error(ErrorKind::kBadArgument, "unknown RPC backend '" + options.backend + "'");
       factory = it->second;
     }
-    agent_ = factory(*group_, workers, options);
+    agent_ = factory(*messages_, workers, options);
     std::vector<std::string> names;
     for (const auto& w : workers) names.push_back(w.name);
     metrics_ = std::make_unique<Metrics>(name, rank, names);
@@ -239,6 +242,7 @@ class RuntimeImpl final : public Runtime {
   std::unique_ptr<Store> owned_store_;
   std::unique_ptr<Store> user_store_;  // over the job's store (owned or borrowed)
   std::unique_ptr<ProcessGroup> group_;
+  std::unique_ptr<MessagePort> messages_;  // the agent's channel, over group_'s transport
   FunctionRegistry functions_;
   // Before the agent, which records into them until it is destroyed.
   std::unique_ptr<Metrics> metrics_;
@@ -270,7 +274,7 @@ ProcessGroupFactory grpc_process_group_factory() {
     pg.security = security_options(options);
     pg.heartbeat_interval = options.heartbeat_interval;
     pg.heartbeat_misses = options.heartbeat_misses;
-    return create_grpc_process_group(store, rank, world_size, pg);
+    return create_grpc_group_endpoints(store, rank, world_size, pg);
   };
 }
 

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "common/error.h"
+#include "process_group/group_endpoints.h"
+#include "process_group/message_port.h"
 #include "process_group/process_group.h"
 #include "process_group/store.h"
 #include "rpc/function_registry.h"
@@ -31,11 +33,12 @@ using RpcError = Error;
 constexpr std::chrono::milliseconds kDefaultTimeout{-1};
 
 struct Options;
-// Builds one worker's process group, rendezvousing through `store` (the job's store under
-// a prefix of the group's own; only used during the call). Returns once every peer is
-// connected; throws drpc::Error as create_grpc_process_group does.
-using ProcessGroupFactory = std::function<std::unique_ptr<ProcessGroup>(Store& store, int rank, int world_size,
-                                                                        const Options& options)>;
+// Builds one worker's process group and the message port over the same transport (the
+// agent's channel), rendezvousing through `store` (the job's store under a prefix of the
+// group's own; only used during the call). Returns once every peer is connected; throws
+// drpc::Error as create_grpc_group_endpoints does.
+using ProcessGroupFactory = std::function<GroupEndpoints(Store& store, int rank, int world_size,
+                                                         const Options& options)>;
 // The default: the gRPC process group configured by Options' addresses, init_timeout,
 // token, TLS and heartbeat fields.
 ProcessGroupFactory grpc_process_group_factory();
@@ -71,8 +74,9 @@ struct Options {
   ProcessGroupFactory process_group;
 };
 
-// Builds an RpcAgent over a job's process group (see register_backend).
-using BackendFactory = std::function<std::unique_ptr<RpcAgent>(ProcessGroup& group, std::vector<WorkerInfo> workers,
+// Builds an RpcAgent over the message port of a job's process group (see
+// register_backend). `port` outlives the agent.
+using BackendFactory = std::function<std::unique_ptr<RpcAgent>(MessagePort& port, std::vector<WorkerInfo> workers,
                                                                const Options& options)>;
 // Makes `factory` available as Options::backend == `name`. Thread-safe.
 void register_backend(const std::string& name, BackendFactory factory);

@@ -141,7 +141,7 @@ TEST_F(ContainerTest, UseKeepsAForeignContextAlive) {
 TEST_F(ContainerTest, ContextsOfAWorkerThatFailedAreReclaimedAtOnce) {
   const int64_t id = shared_context();
   const int64_t own = containers_[1]->new_context();
-  agents_.groups[0]->shutdown();  // worker0 vanishes without releasing
+  agents_.groups[0].group->shutdown();  // worker0 vanishes without releasing
   ASSERT_EQ(worker0_lost_.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_FALSE(containers_[1]->has_context(id));  // at once: no time passed on its clock
   EXPECT_TRUE(containers_[1]->has_context(own));

@@ -89,7 +89,7 @@ World::World(Recorder recorder) : arrivals_(std::make_shared<Arrivals>()) {
     options.num_threads = r == 0 ? 1 : 2;
     options.default_timeout = kTimeout;
     Worker& w = workers_[r];
-    w.agent = create_process_group_agent(*groups_[r], infos, options);
+    w.agent = create_process_group_agent(*groups_[r].messages, infos, options);
     if (r == 0) {
       auto arrivals = arrivals_;
       w.agent->add_interceptor(RpcAgent::Interceptor{
@@ -110,7 +110,7 @@ World::World(Recorder recorder) : arrivals_(std::make_shared<Arrivals>()) {
 World::~World() {
   for (auto& w : workers_) w.agent->shutdown(false);
   for (auto& w : workers_) w.rref->shutdown();
-  for (auto& g : groups_) g->shutdown();
+  for (auto& g : groups_) g.group->shutdown();
   param_ = RRef();
   loss_ = at::Tensor();
   workers_.clear();  // each Worker's context goes before the agent it registered with
@@ -181,7 +181,7 @@ void World::wait_for_recorded(int32_t type) {
 }
 
 void World::inject(const PgMessage& message) {
-  groups_[1]->send_message(0, message)->wait(kTimeout);
+  groups_[1].messages->send_message(0, message)->wait(kTimeout);
   RpcAgent& peer = agent(1);
   FuturePtr probe = peer.send(peer.worker(0), Message{kProbeType, "", {}}, kTimeout, "fuzz probe");
   probe->wait();

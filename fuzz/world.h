@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "dist_autograd/dist_autograd.h"
-#include "process_group/process_group.h"
+#include "process_group/group_endpoints.h"
 #include "rpc/proto/rpc.pb.h"
 #include "rpc/rpc_agent.h"
 #include "rref/rref_context.h"
@@ -64,7 +64,7 @@ class World {
   void wait_for_recorded(int32_t type);
 
   std::shared_ptr<Arrivals> arrivals_;  // shared with rank 0's interceptor
-  std::vector<std::unique_ptr<ProcessGroup>> groups_;
+  std::vector<GroupEndpoints> groups_;  // each rank's group and the port its agent uses
   std::vector<Worker> workers_;
   // The state build_state() leaves for exercise().
   RRef param_;        // rank 1's user reference to rank 0's parameter

@@ -1,15 +1,16 @@
 #pragma once
 
-// Internal to //process_group: the ProcessGroup logic (collective algorithms, tag
-// matching, messages, failure handling) over any Transport.
+// Internal to //process_group: a rank's ProcessGroup and MessagePort over any Transport:
+// routes each arriving frame by kind to the collectives (collective_runner.h,
+// collective_algorithms.h), the point-to-point matcher (p2p_matcher.h) or the message
+// channel (message_channel.h), and peer failures and shutdown to all three.
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <string>
 
-#include "process_group/process_group.h"
+#include "process_group/group_endpoints.h"
 #include "process_group/transport.h"
 
 namespace drpc {
@@ -28,7 +29,9 @@ struct CollectiveOptions {
 // propagates out of create_collective_process_group).
 using TransportFactory = std::function<std::unique_ptr<Transport>(FrameSink& sink)>;
 
-std::unique_ptr<ProcessGroup> create_collective_process_group(const TransportFactory& make_transport,
-                                                              const CollectiveOptions& options);
+// The group and its message port, sharing the transport (see GroupEndpoints for their
+// lifetimes). Throws what `make_transport` throws.
+GroupEndpoints create_collective_process_group(const TransportFactory& make_transport,
+                                               const CollectiveOptions& options);
 
 }  // namespace drpc

@@ -1,3 +1,5 @@
+// The gRPC process group: the collective process group over the gRPC transport.
+
 #include "process_group/grpc_process_group.h"
 
 #include "process_group/collective_process_group.h"
@@ -5,8 +7,7 @@
 
 namespace drpc {
 
-std::unique_ptr<ProcessGroup> create_grpc_process_group(Store& store, int rank, int size,
-                                                        const GrpcProcessGroupOptions& options) {
+GroupEndpoints create_grpc_group_endpoints(Store& store, int rank, int size, const GrpcProcessGroupOptions& options) {
   GrpcTransportOptions transport;
   transport.listen_host = options.listen_host;
   transport.listen_port = options.listen_port;
@@ -23,6 +24,11 @@ std::unique_ptr<ProcessGroup> create_grpc_process_group(Store& store, int rank, 
   return create_collective_process_group(
       [&](FrameSink& sink) { return create_grpc_transport(store, rank, size, transport, sink); },
       collective);
+}
+
+std::unique_ptr<ProcessGroup> create_grpc_process_group(Store& store, int rank, int size,
+                                                        const GrpcProcessGroupOptions& options) {
+  return create_grpc_group_endpoints(store, rank, size, options).group;  // the port goes; the group keeps the transport
 }
 
 }  // namespace drpc

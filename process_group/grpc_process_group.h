@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "process_group/group_endpoints.h"
 #include "process_group/process_group.h"
 #include "process_group/security.h"
 #include "process_group/store.h"
@@ -32,5 +33,9 @@ struct GrpcProcessGroupOptions {
 // when peers do not appear in time, kPeerUnavailable when the store is gone.
 std::unique_ptr<ProcessGroup> create_grpc_process_group(Store& store, int rank, int size,
                                                         const GrpcProcessGroupOptions& options);
+
+// As create_grpc_process_group, and also the MessagePort over the same connections (for
+// the RPC agent; see GroupEndpoints for their lifetimes).
+GroupEndpoints create_grpc_group_endpoints(Store& store, int rank, int size, const GrpcProcessGroupOptions& options);
 
 }  // namespace drpc

@@ -132,9 +132,9 @@ class InMemoryTransport final : public Transport {
 
 }  // namespace
 
-std::vector<std::unique_ptr<ProcessGroup>> create_in_memory_process_groups(int size) {
+std::vector<GroupEndpoints> create_in_memory_process_groups(int size) {
   auto fabric = std::make_shared<Fabric>(size);
-  std::vector<std::unique_ptr<ProcessGroup>> groups;
+  std::vector<GroupEndpoints> groups;
   for (int r = 0; r < size; ++r) {
     groups.push_back(create_collective_process_group(
         [&](FrameSink& sink) { return std::make_unique<InMemoryTransport>(fabric, r, sink); }, CollectiveOptions{}));

@@ -1,9 +1,12 @@
 #pragma once
 
+// The collectives and tagged point-to-point transfers of a fixed group of ranks. Messages
+// for the RPC layer travel through the MessagePort over the same transport
+// (message_port.h, group_endpoints.h).
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,22 +27,6 @@ inline const char* reduce_op_name(ReduceOp op) {
   }
   return "?";
 }
-
-// A message for the RPC layer: opaque header bytes plus tensors, which travel beside the
-// header without being serialized into it.
-struct PgMessage {
-  std::string header;
-  std::vector<at::Tensor> tensors;
-};
-
-// Receives messages sent with ProcessGroup::send_message. Called on the process group's
-// network threads, in order per source rank; must return quickly and not block on the
-// process group.
-struct MessageListener {
-  std::function<void(int source_rank, PgMessage message)> on_message;
-  // A peer's connection broke or it left; called once per peer. `reason` names it.
-  std::function<void(int rank, const Error& reason)> on_peer_failed;
-};
 
 // A fixed group of `size()` processes ranked 0..size()-1, connected to each other.
 //
@@ -86,17 +73,8 @@ class ProcessGroup {
   // Work::result() and Work::source_rank().
   virtual WorkPtr recv_any(int64_t tag) = 0;
 
-  // Sends a message to `dst_rank`'s MessageListener without waiting; the Work completes
-  // once it is written (the tensors may then change). Throws kBadArgument, kShutdown,
-  // kPeerUnavailable when it cannot be queued.
-  virtual WorkPtr send_message(int dst_rank, const PgMessage& message) = 0;
-
-  // Installs the listener for messages and peer failures. Set it once, before peers send
-  // messages; messages that arrive with no listener are dropped with a warning.
-  virtual void set_message_listener(MessageListener listener) = 0;
-
-  // Stops at once: pending work fails with kShutdown, peers see this rank leave.
-  // Idempotent.
+  // Stops at once: pending work fails with kShutdown, peers see this rank leave, and the
+  // MessagePort sharing the transport stops too. Idempotent.
   virtual void shutdown() = 0;
 };
 

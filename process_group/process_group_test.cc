@@ -161,16 +161,16 @@ TEST(ProcessGroupErrors, CollectiveTimesOutAndTheLateRankLearnsWhy) {
   ThreadGroup group = testing::make_thread_group(2, options);
   at::Tensor t = at::ones({4});
   const auto start = Clock::now();
-  Error e = expect_error([&] { group.ranks[0]->allreduce(t, ReduceOp::kSum)->wait(); });
+  Error e = expect_error([&] { group.ranks[0].group->allreduce(t, ReduceOp::kSum)->wait(); });
   EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
   EXPECT_TRUE(contains(e.what(), "300 ms") && contains(e.what(), "rank 1")) << e.what();
   EXPECT_LT(Clock::now() - start, milliseconds(5000));
   // Rank 1 arrives late: it fails at once with rank 0's reason instead of waiting. (The
   // p2p message travels behind rank 0's abort on the same stream: once it is here, so is
   // the abort. Without it the late rank could still combine rank 0's data, sent earlier.)
-  group.ranks[0]->send({at::ones({1})}, 1, 77)->wait();
-  group.ranks[1]->recv({at::empty({1})}, 0, 77)->wait(milliseconds(5000));
-  e = expect_error([&] { group.ranks[1]->allreduce(t, ReduceOp::kSum)->wait(); });
+  group.ranks[0].group->send({at::ones({1})}, 1, 77)->wait();
+  group.ranks[1].group->recv({at::empty({1})}, 0, 77)->wait(milliseconds(5000));
+  e = expect_error([&] { group.ranks[1].group->allreduce(t, ReduceOp::kSum)->wait(); });
   EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
   EXPECT_TRUE(contains(e.what(), "rank 0")) << e.what();
 }
@@ -180,10 +180,10 @@ TEST(ProcessGroupErrors, PeerThatLeavesMidCollectiveFailsTheOthers) {
   options.timeout = milliseconds(30000);
   ThreadGroup group = testing::make_thread_group(3, options);
   std::vector<at::Tensor> tensors = {at::ones({1 << 16}), at::ones({1 << 16})};
-  auto w0 = group.ranks[0]->allreduce(tensors[0], ReduceOp::kSum);
-  auto w1 = group.ranks[1]->allreduce(tensors[1], ReduceOp::kSum);
+  auto w0 = group.ranks[0].group->allreduce(tensors[0], ReduceOp::kSum);
+  auto w1 = group.ranks[1].group->allreduce(tensors[1], ReduceOp::kSum);
   const auto start = Clock::now();
-  group.ranks[2]->shutdown();
+  group.ranks[2].group->shutdown();
   for (auto& w : {w0, w1}) {
     Error e = expect_error([&] { w->wait(milliseconds(10000)); });
     EXPECT_EQ(e.kind(), ErrorKind::kPeerUnavailable) << e.what();
@@ -191,17 +191,17 @@ TEST(ProcessGroupErrors, PeerThatLeavesMidCollectiveFailsTheOthers) {
   }
   EXPECT_LT(Clock::now() - start, milliseconds(5000));
   // Point-to-point with the gone rank fails too; with the live one it still works.
-  Error e = expect_error([&] { group.ranks[0]->recv({at::empty({1})}, 2, 1)->wait(milliseconds(5000)); });
+  Error e = expect_error([&] { group.ranks[0].group->recv({at::empty({1})}, 2, 1)->wait(milliseconds(5000)); });
   EXPECT_EQ(e.kind(), ErrorKind::kPeerUnavailable);
-  group.ranks[1]->send({at::full({1}, 7.0)}, 0, 3)->wait();
+  group.ranks[1].group->send({at::full({1}, 7.0)}, 0, 3)->wait();
   at::Tensor got = at::empty({1});
-  group.ranks[0]->recv({got}, 1, 3)->wait(milliseconds(5000));
+  group.ranks[0].group->recv({got}, 1, 3)->wait(milliseconds(5000));
   EXPECT_EQ(got.item<double>(), 7.0);
 }
 
 TEST(ProcessGroupErrors, BadArgumentsAreRejected) {
   ThreadGroup group = testing::make_thread_group(2);
-  ProcessGroup& g = *group.ranks[0];
+  ProcessGroup& g = *group.ranks[0].group;
   EXPECT_EQ(expect_error([&] { g.allreduce(at::ones({2}, at::kBool), ReduceOp::kAvg); }).kind(),
             ErrorKind::kBadArgument);
   EXPECT_EQ(expect_error([&] { g.send({at::ones({1})}, 0, 1); }).kind(), ErrorKind::kBadArgument);
@@ -209,7 +209,7 @@ TEST(ProcessGroupErrors, BadArgumentsAreRejected) {
   EXPECT_EQ(expect_error([&] { g.broadcast(at::ones({1}), 2); }).kind(), ErrorKind::kBadArgument);
   EXPECT_EQ(expect_error([&] { g.allreduce(at::Tensor(), ReduceOp::kSum); }).kind(), ErrorKind::kBadArgument);
   // A receive whose preallocated tensor does not match what arrives.
-  group.ranks[1]->send({at::ones({3})}, 0, 9)->wait();
+  group.ranks[1].group->send({at::ones({3})}, 0, 9)->wait();
   Error e = expect_error([&] { g.recv({at::empty({4})}, 1, 9)->wait(milliseconds(5000)); });
   EXPECT_EQ(e.kind(), ErrorKind::kMismatch);
   EXPECT_TRUE(contains(e.what(), "Float[4]") && contains(e.what(), "Float[3]")) << e.what();
@@ -217,14 +217,14 @@ TEST(ProcessGroupErrors, BadArgumentsAreRejected) {
 
 TEST(ProcessGroupErrors, EverythingFailsAfterShutdown) {
   ThreadGroup group = testing::make_thread_group(2);
-  ProcessGroup& g = *group.ranks[0];
+  ProcessGroup& g = *group.ranks[0].group;
   auto pending = g.recv_any(5);
   g.shutdown();
   g.shutdown();  // idempotent
   EXPECT_EQ(expect_error([&] { pending->wait(milliseconds(5000)); }).kind(), ErrorKind::kShutdown);
   EXPECT_EQ(expect_error([&] { g.allreduce(at::ones({1}), ReduceOp::kSum)->wait(); }).kind(),
             ErrorKind::kShutdown);
-  EXPECT_EQ(expect_error([&] { g.send_message(1, PgMessage{"x", {}}); }).kind(), ErrorKind::kShutdown);
+  EXPECT_EQ(expect_error([&] { group.ranks[0].messages->send_message(1, PgMessage{"x", {}}); }).kind(), ErrorKind::kShutdown);
 }
 
 TEST(ProcessGroupBarrier, NoRankLeavesBeforeAllArrive) {

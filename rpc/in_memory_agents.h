@@ -19,7 +19,7 @@ struct InMemoryAgents {
       : groups(create_in_memory_process_groups(n)) {
     std::vector<WorkerInfo> workers;
     for (int r = 0; r < n; ++r) workers.push_back(WorkerInfo{prefix + std::to_string(r), r});
-    for (int r = 0; r < n; ++r) agents.push_back(create_process_group_agent(*groups[r], workers, options));
+    for (int r = 0; r < n; ++r) agents.push_back(create_process_group_agent(*groups[r].messages, workers, options));
   }
   ~InMemoryAgents() {
     for (auto& a : agents) a->shutdown(false);
@@ -32,7 +32,7 @@ struct InMemoryAgents {
     for (auto& a : agents) a->start();
   }
 
-  std::vector<std::unique_ptr<ProcessGroup>> groups;
+  std::vector<GroupEndpoints> groups;  // each rank's group and the port its agent uses
   std::vector<std::unique_ptr<RpcAgent>> agents;
 };
 

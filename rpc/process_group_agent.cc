@@ -59,7 +59,7 @@ ErrorKind kind_of(const rpc::Envelope& e) {
 
 class ProcessGroupAgent final : public RpcAgent {
  public:
-  ProcessGroupAgent(ProcessGroup& group, std::vector<WorkerInfo> workers, const AgentOptions& options)
+  ProcessGroupAgent(MessagePort& group, std::vector<WorkerInfo> workers, const AgentOptions& options)
       : group_(group),
         workers_(std::move(workers)),
         options_(options),
@@ -808,7 +808,7 @@ class ProcessGroupAgent final : public RpcAgent {
         Error(ErrorKind::kPeerUnavailable, "rpc " + p.what.text() + " to " + workers_[p.dst].name + " could not be sent: " + why)));
   }
 
-  ProcessGroup& group_;
+  MessagePort& group_;  // the process group's message port
   const std::vector<WorkerInfo> workers_;
   const AgentOptions options_;
   WorkerInfo self_;
@@ -857,7 +857,7 @@ class ProcessGroupAgent final : public RpcAgent {
 
 }  // namespace
 
-std::unique_ptr<RpcAgent> create_process_group_agent(ProcessGroup& group, std::vector<WorkerInfo> workers,
+std::unique_ptr<RpcAgent> create_process_group_agent(MessagePort& group, std::vector<WorkerInfo> workers,
                                                      const AgentOptions& options) {
   return std::make_unique<ProcessGroupAgent>(group, std::move(workers), options);
 }

@@ -4,7 +4,7 @@
 #include <memory>
 #include <vector>
 
-#include "process_group/process_group.h"
+#include "process_group/message_port.h"
 #include "rpc/rpc_agent.h"
 
 namespace drpc {
@@ -14,11 +14,12 @@ struct AgentOptions {
   std::chrono::milliseconds default_timeout{60000};
 };
 
-// The RpcAgent over a ProcessGroup's messages. `group` is borrowed and must outlive the
-// agent; `workers` lists every worker of the job by rank (their names already checked).
-// Futures of replies complete on the process group's network threads: callbacks attached
-// to them must not block.
-std::unique_ptr<RpcAgent> create_process_group_agent(ProcessGroup& group, std::vector<WorkerInfo> workers,
+// The RpcAgent over a process group's MessagePort. `port` is borrowed and must outlive
+// the agent (the agent installs its listener there and removes it when destroyed);
+// `workers` lists every worker of the job by rank (their names already checked). Futures
+// of replies complete on the port's network threads: callbacks attached to them must not
+// block.
+std::unique_ptr<RpcAgent> create_process_group_agent(MessagePort& port, std::vector<WorkerInfo> workers,
                                                      const AgentOptions& options);
 
 }  // namespace drpc

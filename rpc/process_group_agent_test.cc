@@ -27,13 +27,13 @@ struct Agents {
   explicit Agents(int n, AgentOptions options = {}) : groups(create_in_memory_process_groups(n)) {
     std::vector<WorkerInfo> workers;
     for (int r = 0; r < n; ++r) workers.push_back(WorkerInfo{"w" + std::to_string(r), r});
-    for (int r = 0; r < n; ++r) agents.push_back(create_process_group_agent(*groups[r], workers, options));
+    for (int r = 0; r < n; ++r) agents.push_back(create_process_group_agent(*groups[r].messages, workers, options));
   }
   ~Agents() {
     for (auto& a : agents) a->shutdown(false);
   }
   RpcAgent& operator[](int r) { return *agents[r]; }
-  std::vector<std::unique_ptr<ProcessGroup>> groups;
+  std::vector<GroupEndpoints> groups;
   std::vector<std::unique_ptr<RpcAgent>> agents;
 };
 
@@ -273,7 +273,7 @@ TEST(ProcessGroupAgent, APeerThatLeavesFailsItsPendingCalls) {
   agents[2].register_handler(kEcho, echo_handler());
   for (int r = 0; r < 3; ++r) agents[r].start();
   auto pending = agents[0].send(agents[0].worker(1), Message{kHold, "", {}}, milliseconds(0), "forever");
-  agents.groups[1]->shutdown();
+  agents.groups[1].group->shutdown();
   Error e = error_of(pending);
   EXPECT_EQ(e.kind(), ErrorKind::kPeerUnavailable);
   EXPECT_NE(std::string(e.what()).find("w1"), std::string::npos) << e.what();
@@ -342,8 +342,8 @@ TEST(ProcessGroupAgent, MessagesArrivingDuringStartUpDoNotOvertakeHeldOnes) {
   agents[0].start();
   auto first = agents[0].send(agents[0].worker(1), Message{kEcho, "first", {}}, milliseconds(5000), "echo");
   // A point-to-point tensor behind it on the same queue: once it is here, "first" is held.
-  agents.groups[0]->send({at::ones({1})}, 1, 7)->wait();
-  agents.groups[1]->recv({at::empty({1})}, 0, 7)->wait();
+  agents.groups[0].group->send({at::ones({1})}, 1, 7)->wait();
+  agents.groups[1].group->recv({at::empty({1})}, 0, 7)->wait();
   agents[1].start();
   first->wait();
   second->wait();
@@ -361,7 +361,7 @@ TEST(ProcessGroupAgent, JoinDoesNotWaitForGoneWorkersEvenTheLeader) {
   // Still waiting for worker 0, the leader; while they wait they serve.
   agents[1].register_handler(kEcho, echo_handler());
   EXPECT_EQ(joined.load(), 0);
-  agents.groups[0]->shutdown();  // worker 0 leaves without joining
+  agents.groups[0].group->shutdown();  // worker 0 leaves without joining
   j1.join();
   j2.join();
   EXPECT_EQ(joined.load(), 2);

@@ -109,7 +109,7 @@ TEST_F(RRefControlTest, RetriesToAPeerThatIsGoneAreWithdrawn) {
   use_and_drop_a_remote_value();
   executors_[0].run_pending();
   ASSERT_EQ(executors_[0].timers(), 1u);  // the first retry waits
-  agents_.groups[1]->shutdown();           // the owner goes
+  agents_.groups[1].group->shutdown();           // the owner goes
   ASSERT_EQ(worker1_lost_.get_future().wait_for(seconds(10)), std::future_status::ready);
   EXPECT_EQ(executors_[0].advance(seconds(60)), 1);  // its timer finds nothing to send
   EXPECT_EQ(executors_[0].timers(), 0u);

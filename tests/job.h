@@ -34,7 +34,7 @@ class Job {
     options.store = store_.get();
     options.init_timeout = std::chrono::milliseconds(30000);
     if (network == Network::kInMemory) {
-      auto groups = std::make_shared<std::vector<std::unique_ptr<ProcessGroup>>>(create_in_memory_process_groups(n));
+      auto groups = std::make_shared<std::vector<GroupEndpoints>>(create_in_memory_process_groups(n));
       options.process_group = [groups](Store&, int rank, int, const Options&) { return std::move(groups->at(rank)); };
     }
     runtimes_.resize(n);

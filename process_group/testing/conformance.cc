@@ -23,6 +23,30 @@ void require(bool ok, const std::string& what) {
   if (!ok) throw std::runtime_error(what);
 }
 
+// Installs a case's listener for the case's duration. When the case ends, even by an
+// error, it removes it (it points into the case's stack) and waits until every rank has,
+// so no message of the next case reaches this one's listener.
+class ListenerScope {
+ public:
+  ListenerScope(ProcessGroup& group, MessagePort& port, MessageListener listener) : group_(group), port_(port) {
+    port_.set_message_listener(std::move(listener));
+  }
+  ~ListenerScope() {
+    port_.set_message_listener(MessageListener{});
+    try {
+      group_.barrier()->wait();
+    } catch (const std::exception&) {
+      // The case failed already; its error is the one to report.
+    }
+  }
+  ListenerScope(const ListenerScope&) = delete;
+  ListenerScope& operator=(const ListenerScope&) = delete;
+
+ private:
+  ProcessGroup& group_;
+  MessagePort& port_;
+};
+
 std::string describe(const at::Tensor& t) {
   std::string out = std::string(c10::toString(t.scalar_type())) + "[";
   for (int64_t i = 0; i < t.dim(); ++i) out += (i ? "," : "") + std::to_string(t.size(i));
@@ -103,10 +127,10 @@ void require_same_everywhere(ProcessGroup& g, const at::Tensor& t, const std::st
 
 std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
   std::vector<ConformanceCase> cases;
-  cases.push_back({"allreduce_every_dtype_and_op_small_sizes", 1, [](ProcessGroup& g) {
+  cases.push_back({"allreduce_every_dtype_and_op_small_sizes", 1, [](ProcessGroup& g, MessagePort&) {
                      allreduce_matrix(g, {0, 1, 7, 1000}, kAllDtypes, kAllOps);
                    }});
-  cases.push_back({"allreduce_several_mib", 1, [large_bytes](ProcessGroup& g) {
+  cases.push_back({"allreduce_several_mib", 1, [large_bytes](ProcessGroup& g, MessagePort&) {
                      const int64_t odd = large_bytes / 4 + 3;  // not a multiple of any world size
                      allreduce_matrix(g, {odd}, {at::kFloat}, {ReduceOp::kSum, ReduceOp::kAvg});
                      allreduce_matrix(g, {large_bytes / 8 + 1}, {at::kLong, at::kDouble},
@@ -115,7 +139,7 @@ std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
                      allreduce_matrix(g, {large_bytes + 1}, {at::kByte, at::kBool}, {ReduceOp::kSum});
                    }});
   cases.push_back({"allreduce_random_floats_bitwise_identical_on_all_ranks", 1,
-                   [large_bytes](ProcessGroup& g) {
+                   [large_bytes](ProcessGroup& g, MessagePort&) {
                      for (int64_t numel : {int64_t{33}, large_bytes / 4}) {
                        // Ranks may be threads of one process: no global generator.
                        auto values = [numel](int rank) {
@@ -129,7 +153,7 @@ std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
                        require_same_everywhere(g, t, "random allreduce of " + describe(t));
                      }
                    }});
-  cases.push_back({"allreduce_non_contiguous_and_views", 1, [](ProcessGroup& g) {
+  cases.push_back({"allreduce_non_contiguous_and_views", 1, [](ProcessGroup& g, MessagePort&) {
                      at::Tensor base = rank_values(g.rank(), 15, at::kFloat).reshape({5, 3});
                      at::Tensor transposed = base.t();  // non-contiguous view of `base`
                      g.allreduce(transposed, ReduceOp::kSum)->wait();
@@ -145,7 +169,7 @@ std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
                                  big.narrow(0, 12, 8).eq(0).all().item<bool>(),
                              "allreduce of a view wrote outside the view");
                    }});
-  cases.push_back({"broadcast_from_every_root", 1, [large_bytes](ProcessGroup& g) {
+  cases.push_back({"broadcast_from_every_root", 1, [large_bytes](ProcessGroup& g, MessagePort&) {
                      for (int root = 0; root < g.size(); ++root) {
                        for (at::ScalarType dtype : {at::kFloat, at::kLong, at::kBool, at::kHalf}) {
                          for (int64_t numel : {int64_t{0}, int64_t{1}, int64_t{7}, large_bytes / 8}) {
@@ -163,7 +187,7 @@ std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
                                      "broadcast into a transposed view");
                      }
                    }});
-  cases.push_back({"allgather", 1, [large_bytes](ProcessGroup& g) {
+  cases.push_back({"allgather", 1, [large_bytes](ProcessGroup& g, MessagePort&) {
                      for (at::ScalarType dtype : {at::kFloat, at::kInt, at::kBFloat16, at::kBool}) {
                        for (int64_t numel : {int64_t{0}, int64_t{1}, int64_t{7}, large_bytes / 16}) {
                          auto work = g.allgather(rank_values(g.rank(), numel, dtype));
@@ -185,10 +209,10 @@ std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
                                      "allgather of a transposed view");
                      }
                    }});
-  cases.push_back({"barrier_repeated", 1, [](ProcessGroup& g) {
+  cases.push_back({"barrier_repeated", 1, [](ProcessGroup& g, MessagePort&) {
                      for (int i = 0; i < 10; ++i) g.barrier()->wait();
                    }});
-  cases.push_back({"async_collectives_complete_in_call_order", 1, [](ProcessGroup& g) {
+  cases.push_back({"async_collectives_complete_in_call_order", 1, [](ProcessGroup& g, MessagePort&) {
                      std::vector<at::Tensor> tensors;
                      std::vector<WorkPtr> works;
                      for (int i = 0; i < 20; ++i) {
@@ -202,7 +226,7 @@ std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
                                "pipelined allreduce " + std::to_string(i) + " wrong");
                      }
                    }});
-  cases.push_back({"send_recv_around_the_ring", 2, [large_bytes](ProcessGroup& g) {
+  cases.push_back({"send_recv_around_the_ring", 2, [large_bytes](ProcessGroup& g, MessagePort&) {
                      const int next = (g.rank() + 1) % g.size();
                      const int prev = (g.rank() + g.size() - 1) % g.size();
                      for (int64_t numel : {int64_t{0}, int64_t{5}, large_bytes / 4}) {
@@ -216,7 +240,7 @@ std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
                        require_equal(into[1], at::full({2, 2}, prev, at::kLong), "ring recv tensor 1");
                      }
                    }});
-  cases.push_back({"tags_match_out_of_order_and_keep_order_per_tag", 2, [](ProcessGroup& g) {
+  cases.push_back({"tags_match_out_of_order_and_keep_order_per_tag", 2, [](ProcessGroup& g, MessagePort&) {
                      const int next = (g.rank() + 1) % g.size();
                      const int prev = (g.rank() + g.size() - 1) % g.size();
                      g.send({at::full({1}, 1.0)}, next, 21);
@@ -230,7 +254,7 @@ std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
                      g.recv({t21}, prev, 21)->wait();
                      require(t21.item<double>() == 1.0, "tag 21 message wrong");
                    }});
-  cases.push_back({"recv_any_reports_the_source", 2, [](ProcessGroup& g) {
+  cases.push_back({"recv_any_reports_the_source", 2, [](ProcessGroup& g, MessagePort&) {
                      if (g.rank() != 0) {
                        g.send({rank_values(g.rank(), 9, at::kInt)}, 0, 30)->wait();
                        return;
@@ -246,7 +270,7 @@ std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
                                      "recv_any from rank " + std::to_string(src));
                      }
                    }});
-  cases.push_back({"send_views_sends_only_the_view", 2, [](ProcessGroup& g) {
+  cases.push_back({"send_views_sends_only_the_view", 2, [](ProcessGroup& g, MessagePort&) {
                      const int next = (g.rank() + 1) % g.size();
                      const int prev = (g.rank() + g.size() - 1) % g.size();
                      at::Tensor big = at::arange(100, at::kFloat) + 1000 * g.rank();
@@ -258,11 +282,11 @@ std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
                      require_equal(work->result()[1], theirs.reshape({10, 10}).t().contiguous(), "transposed send");
                      require(work->result()[0].numel() == 5, "a view sent more than its own elements");
                    }});
-  cases.push_back({"messages_reach_the_listener", 2, [](ProcessGroup& g) {
+  cases.push_back({"messages_reach_the_listener", 2, [](ProcessGroup& g, MessagePort& port) {
                      std::mutex mu;
                      std::condition_variable cv;
                      std::vector<std::pair<int, PgMessage>> got;
-                     g.set_message_listener(MessageListener{
+                     ListenerScope listening(g, port, MessageListener{
                          [&](int source, PgMessage m) {
                            std::lock_guard<std::mutex> lock(mu);
                            got.emplace_back(source, std::move(m));
@@ -272,7 +296,7 @@ std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
                      const int next = (g.rank() + 1) % g.size();
                      const int prev = (g.rank() + g.size() - 1) % g.size();
                      for (int i = 0; i < 3; ++i) {
-                       g.send_message(next, PgMessage{"msg " + std::to_string(i) + " from " +
+                       port.send_message(next, PgMessage{"msg " + std::to_string(i) + " from " +
                                                           std::to_string(g.rank()),
                                                       {at::full({2}, i, at::kLong)}});
                      }
@@ -286,7 +310,64 @@ std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
                      }
                      lock.unlock();
                      g.barrier()->wait();  // nobody may leave while a peer still sends to it
-                     g.set_message_listener(MessageListener{});
+                   }});
+  cases.push_back({"message_port_has_the_groups_rank_and_size", 1, [](ProcessGroup& g, MessagePort& port) {
+                     require(port.rank() == g.rank(), "the port's rank " + std::to_string(port.rank()) +
+                                                          " is not the group's " + std::to_string(g.rank()));
+                     require(port.size() == g.size(), "the port's size " + std::to_string(port.size()) +
+                                                          " is not the group's " + std::to_string(g.size()));
+                   }});
+  cases.push_back({"messages_before_the_listener_are_held_in_order", 2, [](ProcessGroup& g, MessagePort& port) {
+                     const int next = (g.rank() + 1) % g.size();
+                     const int prev = (g.rank() + g.size() - 1) % g.size();
+                     for (int i = 0; i < 3; ++i) {
+                       port.send_message(next, PgMessage{"early " + std::to_string(i), {at::full({1}, i, at::kInt)}})
+                           ->wait();
+                     }
+                     // Frames from one rank arrive in order: once its barrier frame is here,
+                     // so are its messages, with no listener to take them.
+                     g.barrier()->wait();
+                     std::vector<std::pair<int, PgMessage>> got;
+                     ListenerScope listening(g, port, MessageListener{
+                         [&](int source, PgMessage m) { got.emplace_back(source, std::move(m)); },
+                         [](int, const Error&) {}});
+                     require(got.size() == 3, "set_message_listener delivered " + std::to_string(got.size()) +
+                                                  " held messages, not 3");
+                     for (int i = 0; i < 3; ++i) {
+                       require(got[i].first == prev, "held message from the wrong rank");
+                       require(got[i].second.header == "early " + std::to_string(i),
+                               "held message out of order: " + got[i].second.header);
+                       require_equal(got[i].second.tensors.at(0), at::full({1}, i, at::kInt), "held message tensor");
+                     }
+                     g.barrier()->wait();
+                   }});
+  cases.push_back({"messages_between_collectives_leave_them_intact", 2, [](ProcessGroup& g, MessagePort& port) {
+                     std::mutex mu;
+                     std::condition_variable cv;
+                     int received = 0;
+                     ListenerScope listening(g, port, MessageListener{
+                         [&](int, PgMessage m) {
+                           std::lock_guard<std::mutex> lock(mu);
+                           if (m.header == "interleaved") ++received;
+                           cv.notify_all();
+                         },
+                         [](int, const Error&) {}});
+                     std::vector<WorkPtr> sent;
+                     for (int round = 0; round < 5; ++round) {
+                       for (int peer = 0; peer < g.size(); ++peer) {
+                         if (peer != g.rank()) sent.push_back(port.send_message(peer, PgMessage{"interleaved", {at::ones({3})}}));
+                       }
+                       at::Tensor t = rank_values(g.rank(), 17, at::kFloat);
+                       g.allreduce(t, ReduceOp::kSum)->wait();
+                       at::Tensor expected = at::zeros({17}, at::kFloat);
+                       for (int r = 0; r < g.size(); ++r) expected += rank_values(r, 17, at::kFloat);
+                       require_equal(t, expected, "allreduce between messages, round " + std::to_string(round));
+                     }
+                     for (auto& w : sent) w->wait();
+                     std::unique_lock<std::mutex> lock(mu);
+                     cv.wait(lock, [&] { return received == 5 * (g.size() - 1); });
+                     lock.unlock();
+                     g.barrier()->wait();
                    }});
   return cases;
 }
@@ -295,12 +376,12 @@ std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
 
 std::vector<ConformanceCase> conformance_cases(int64_t large_bytes) { return make_cases(large_bytes); }
 
-std::vector<std::string> run_conformance(ProcessGroup& group, int64_t large_bytes) {
+std::vector<std::string> run_conformance(ProcessGroup& group, MessagePort& messages, int64_t large_bytes) {
   std::vector<std::string> failures;
   for (const auto& c : conformance_cases(large_bytes)) {
     if (group.size() < c.min_world_size) continue;
     try {
-      c.run(group);
+      c.run(group, messages);
     } catch (const std::exception& e) {
       failures.push_back(c.name + ": " + e.what());
     }

@@ -25,8 +25,8 @@ namespace {
 
 using std::chrono::milliseconds;
 
-int run_conformance_scenario(ProcessGroup& group) {
-  auto failures = testing::run_conformance(group);
+int run_conformance_scenario(ProcessGroup& group, MessagePort& messages) {
+  auto failures = testing::run_conformance(group, messages);
   for (const auto& f : failures) std::cerr << "rank " << group.rank() << ": " << f << "\n";
   group.barrier()->wait();  // nobody leaves while a peer may still need it
   return failures.empty() ? 0 : 1;
@@ -68,10 +68,10 @@ int main(int argc, char** argv) {
     auto store = connect_store("127.0.0.1", FLAGS_store_port, milliseconds(10000));
     GrpcProcessGroupOptions options;
     options.timeout = milliseconds(60000);
-    auto group = create_grpc_process_group(*store, FLAGS_rank, FLAGS_world_size, options);
-    int rc = FLAGS_scenario == "peer_killed" ? run_peer_killed_scenario(*group)
-                                             : run_conformance_scenario(*group);
-    group->shutdown();
+    GroupEndpoints endpoints = create_grpc_group_endpoints(*store, FLAGS_rank, FLAGS_world_size, options);
+    int rc = FLAGS_scenario == "peer_killed" ? run_peer_killed_scenario(*endpoints.group)
+                                             : run_conformance_scenario(*endpoints.group, *endpoints.messages);
+    endpoints.group->shutdown();
     return rc;
   } catch (const std::exception& e) {
     std::cerr << "rank " << FLAGS_rank << ": " << e.what() << "\n";

@@ -16,7 +16,7 @@ ThreadGroup make_thread_group(int world_size, const GrpcProcessGroupOptions& opt
   for (int r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] {
       try {
-        group.ranks[r] = create_grpc_process_group(*group.store, r, world_size, options);
+        group.ranks[r] = create_grpc_group_endpoints(*group.store, r, world_size, options);
       } catch (...) {
         errors[r] = std::current_exception();
       }
@@ -31,12 +31,17 @@ ThreadGroup make_thread_group(int world_size, const GrpcProcessGroupOptions& opt
 
 std::vector<std::string> run_on_ranks(ThreadGroup& group,
                                       const std::function<void(ProcessGroup&)>& fn) {
+  return run_on_ranks(group, [&](ProcessGroup& g, MessagePort&) { fn(g); });
+}
+
+std::vector<std::string> run_on_ranks(ThreadGroup& group,
+                                      const std::function<void(ProcessGroup&, MessagePort&)>& fn) {
   std::vector<std::string> failures(group.ranks.size());
   std::vector<std::thread> threads;
   for (size_t r = 0; r < group.ranks.size(); ++r) {
     threads.emplace_back([&, r] {
       try {
-        fn(*group.ranks[r]);
+        fn(*group.ranks[r].group, *group.ranks[r].messages);
       } catch (const std::exception& e) {
         failures[r] = "rank " + std::to_string(r) + ": " + e.what();
       }

@@ -15,7 +15,7 @@ namespace testing {
 // through one in-memory store.
 struct ThreadGroup {
   std::unique_ptr<InMemoryStore> store;
-  std::vector<std::unique_ptr<ProcessGroup>> ranks;
+  std::vector<GroupEndpoints> ranks;  // each rank's group and message port
 };
 
 ThreadGroup make_thread_group(int world_size, const GrpcProcessGroupOptions& options = {});
@@ -24,6 +24,9 @@ ThreadGroup make_thread_group(int world_size, const GrpcProcessGroupOptions& opt
 // whose fn threw.
 std::vector<std::string> run_on_ranks(ThreadGroup& group,
                                       const std::function<void(ProcessGroup&)>& fn);
+// The same, with the rank's message port too.
+std::vector<std::string> run_on_ranks(ThreadGroup& group,
+                                      const std::function<void(ProcessGroup&, MessagePort&)>& fn);
 
 }  // namespace testing
 }  // namespace drpc
