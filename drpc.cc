@@ -46,11 +46,12 @@ std::mutex& backends_mu() {
 }
 std::map<std::string, BackendFactory>& backends() {
   static std::map<std::string, BackendFactory> registry = {
-      {"process_group", [](ProcessGroup& group, std::vector<WorkerInfo> workers, const Options& options) {
+      {"process_group", [](ProcessGroup& group, Executor& executor, std::vector<WorkerInfo> workers,
+                           const Options& options) {
          AgentOptions agent;
          agent.num_threads = options.num_worker_threads;
          agent.default_timeout = options.rpc_timeout;
-         return create_process_group_agent(group, std::move(workers), agent);
+         return create_process_group_agent(group, executor, std::move(workers), agent);
        }}};
   return registry;
 }
@@ -173,13 +174,13 @@ class RuntimeImpl final : public Runtime {
       if (it == backends().end()) throw Error(ErrorKind::kBadArgument, "unknown RPC backend '" + options.backend + "'");
       factory = it->second;
     }
-    agent_ = factory(*group_, workers, options);
+    log_tag_ = make_log_tag(name, rank);
+    executor_ = create_thread_executor(log_tag_);
+    agent_ = factory(*group_, *executor_, workers, options);
     std::vector<std::string> names;
     for (const auto& w : workers) names.push_back(w.name);
     metrics_ = std::make_unique<Metrics>(name, rank, names);
-    log_tag_ = make_log_tag(name, rank);
     agent_->set_instruments(metrics_.get(), tracer_.get());
-    executor_ = create_thread_executor(log_tag_);
     rref_ = create_rref_context(
         *agent_, *executor_,
         [this](const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs, const Extensions& caller) {

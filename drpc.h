@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/executor.h"
 #include "process_group/process_group.h"
 #include "process_group/store.h"
 #include "rpc/function_registry.h"
@@ -71,9 +72,10 @@ struct Options {
   ProcessGroupFactory process_group;
 };
 
-// Builds an RpcAgent over a job's process group (see register_backend).
-using BackendFactory = std::function<std::unique_ptr<RpcAgent>(ProcessGroup& group, std::vector<WorkerInfo> workers,
-                                                               const Options& options)>;
+// Builds an RpcAgent over a job's process group (see register_backend). `executor` is the
+// worker's (its timers keep the agent's deadlines); it outlives the agent.
+using BackendFactory = std::function<std::unique_ptr<RpcAgent>(ProcessGroup& group, Executor& executor,
+                                                               std::vector<WorkerInfo> workers, const Options& options)>;
 // Makes `factory` available as Options::backend == `name`. Thread-safe.
 void register_backend(const std::string& name, BackendFactory factory);
 

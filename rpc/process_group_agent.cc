@@ -11,11 +11,13 @@
 #include <thread>
 
 #include "common/callback_pool.h"
+#include "common/executor.h"
 #include "common/error_wire.h"
 #include "common/logging.h"
 #include "rpc/metrics.h"
 #include "rpc/call_tracing.h"
 #include "rpc/join_protocol.h"
+#include "rpc/pending_calls.h"
 #include "rpc/profiler.h"
 #include "rpc/proto/rpc.pb.h"
 
@@ -59,12 +61,14 @@ ErrorKind kind_of(const rpc::Envelope& e) {
 
 class ProcessGroupAgent final : public RpcAgent {
  public:
-  ProcessGroupAgent(ProcessGroup& group, std::vector<WorkerInfo> workers, const AgentOptions& options)
+  ProcessGroupAgent(ProcessGroup& group, Executor& executor, std::vector<WorkerInfo> workers,
+                    const AgentOptions& options)
       : group_(group),
         workers_(std::move(workers)),
         options_(options),
         default_timeout_ms_(options.default_timeout.count()),
         join_leader_(static_cast<int>(workers_.size())),
+        pending_(executor, [this](int64_t id, PendingCall p) { on_deadline(id, std::move(p)); }),
         callbacks_([this](const std::function<void()>& serve) {
           ScopedLogTag tag(&log_tag_);
           set_current_thread_name("callback");
@@ -82,7 +86,6 @@ class ProcessGroupAgent final : public RpcAgent {
     group_.set_message_listener(MessageListener{
         [this](int source, PgMessage message) { on_message(source, std::move(message)); },
         [this](int rank, const Error& reason) { on_peer_failed(rank, reason); }});
-    timer_ = std::thread([this] { timer_loop(); });
   }
 
   ~ProcessGroupAgent() override {
@@ -139,10 +142,9 @@ class ProcessGroupAgent final : public RpcAgent {
         peer.left = peer.reason.find(goodbye) != std::string::npos;
       }
       const auto now = steady_now_ns();
-      for (const auto& [id, p] : pending_) {  // ids grow: oldest first
-        if (s.calls_in_flight.size() >= MetricsSnapshot::kMaxCallsListed) break;
+      pending_.visit_oldest(MetricsSnapshot::kMaxCallsListed, [&](const PendingCall& p) {
         s.calls_in_flight.push_back({function_label(p.what.function), workers_[p.dst].name, (now - p.start_ns) * 1e-9});
-      }
+      });
     });
   }
   void add_peer_failure_listener(PeerFailureListener listener) override {
@@ -185,15 +187,16 @@ class ProcessGroupAgent final : public RpcAgent {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) throw Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " is shut down");
-      Pending pending{future, dst.id, std::move(what), timeout, Clock::time_point::max(), fn, start_ns, trace};
-      if (timeout.count() > 0) {
-        pending.deadline = Clock::now() + timeout;
-        deadlines_.emplace(pending.deadline, id);
-        // Only a deadline earlier than the timer's next wake-up needs it sooner: calls made
-        // one after another (each later than the last) leave it asleep.
-        if (pending.deadline < timer_wakes_at_) timer_cv_.notify_all();
+      // Under mu_, so a join sees the call pending or not counted as sent, never between.
+      switch (pending_.add(id, PendingCall{future, dst.id, std::move(what), timeout, fn, start_ns, trace})) {
+        case PendingCalls::AddResult::kAdded:
+          break;
+        case PendingCalls::AddResult::kClosed:
+          throw Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " is shut down");
+        case PendingCalls::AddResult::kNoTimer:
+          throw Error(ErrorKind::kShutdown,
+                      "the RPC agent of " + self_.name + " cannot keep deadlines: its executor is closed");
       }
-      pending_.emplace(id, std::move(pending));
       if (dst.id != self_.id) ++sent_to_[dst.id];
     }
     if (metrics_) {
@@ -321,41 +324,27 @@ class ProcessGroupAgent final : public RpcAgent {
         LOG(WARNING) << self_.name << ": graceful shutdown could not wait for the job: " << e.what();
       }
     }
-    std::map<int64_t, Pending> pending;
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopped_ = true;
-      pending.swap(pending_);
-      deadlines_.clear();
     }
+    // Outside mu_: it waits for deadline callbacks in progress, which take mu_.
+    std::vector<PendingCall> pending = pending_.close();
     pool_cv_.notify_all();
-    timer_cv_.notify_all();
     idle_cv_.notify_all();
     auto error = std::make_exception_ptr(
         Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " shut down before a reply came"));
-    for (auto& [id, p] : pending) {
+    for (auto& p : pending) {
       call_failed(p, ErrorKind::kShutdown);
       p.future->setErrorIfNeeded(error);
     }
     for (auto& t : pool_) {
       if (t.joinable()) t.join();
     }
-    if (timer_.joinable()) timer_.join();
     callbacks_.close();  // runs what the failed calls queued
   }
 
  private:
-  struct Pending {
-    FuturePtr future;
-    int dst;
-    CallName what;  // its text only on error
-    milliseconds timeout;
-    Clock::time_point deadline;
-    Metrics::Function* fn = nullptr;
-    int64_t start_ns = 0;
-    std::shared_ptr<CallTrace> trace;  // profiled calls only
-  };
-
   // What the agent keeps about a request it serves.
   struct Served {
     Metrics::Function* fn = nullptr;
@@ -427,24 +416,17 @@ class ProcessGroupAgent final : public RpcAgent {
       schedule_request(source, envelope.id(), std::move(message), std::move(served));
       return;
     }
-    Pending pending;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = pending_.find(envelope.id());
-      if (it == pending_.end()) {  // timed out already: the late reply is dropped
-        VLOG(2) << "dropping the late reply " << envelope.id() << " from " << workers_[source].name;
-        return;
-      }
-      pending = std::move(it->second);
-      pending_.erase(it);
-      if (pending.deadline != Clock::time_point::max()) erase_deadline(pending.deadline, envelope.id());
+    std::optional<PendingCall> pending = pending_.take(envelope.id());
+    if (!pending) {  // timed out already: the late reply is dropped
+      VLOG(2) << "dropping the late reply " << envelope.id() << " from " << workers_[source].name;
+      return;
     }
-    idle_cv_.notify_all();
-    finish_call(pending, envelope, std::move(message), arrival_ns);
+    notify_idle();
+    finish_call(*pending, envelope, std::move(message), arrival_ns);
   }
 
   // A reply (or an error reply) arrived at `receipt_ns` for `p`.
-  void finish_call(Pending& p, const rpc::Envelope& envelope, Message message, int64_t receipt_ns) {
+  void finish_call(PendingCall& p, const rpc::Envelope& envelope, Message message, int64_t receipt_ns) {
     const bool failed = envelope.error_kind() != 0;
     VLOG(1) << "reply " << envelope.id() << " from " << workers_[p.dst].name << " after "
             << (receipt_ns - p.start_ns) / 1000 << " us" << (failed ? " (error)" : "");
@@ -465,19 +447,19 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   // A call that ends without a reply (deadline, peer gone, shutdown).
-  void call_failed(Pending& p, ErrorKind kind) {
+  void call_failed(PendingCall& p, ErrorKind kind) {
     if (metrics_ && p.fn) metrics_->error(true, kind);
     VLOG(1) << "call to " << workers_[p.dst].name << " (" << p.what.text() << ") failed: " << error_kind_name(kind);
     if (p.trace) record_call(p, nullptr, steady_now_ns(), error_kind_name(kind));
   }
 
   // The caller's spans of a profiled call, with the callee's (`profile`, if it answered).
-  void record_call(const Pending& p, const rpc::Profile* profile, int64_t end_ns, const char* error) {
+  void record_call(const PendingCall& p, const rpc::Profile* profile, int64_t end_ns, const char* error) {
     record_call_spans(*tracer_, *p.trace, self_.id, workers_[p.dst].name, profile, end_ns, error);
   }
 
   void on_peer_failed(int rank, const Error& reason) {
-    std::vector<Pending> failed;
+    std::vector<PendingCall> failed;
     std::vector<PeerFailureListener> listeners;
     std::vector<Outgoing> outbox;
     {
@@ -490,15 +472,7 @@ class ProcessGroupAgent final : public RpcAgent {
       std::vector<JoinVerdictFor> verdicts;
       join_leader_.on_peer_dead(dead_, &verdicts);
       route_verdicts_locked(std::move(verdicts), &outbox);
-      for (auto it = pending_.begin(); it != pending_.end();) {
-        if (it->second.dst == rank) {
-          if (it->second.deadline != Clock::time_point::max()) erase_deadline(it->second.deadline, it->first);
-          failed.push_back(std::move(it->second));
-          it = pending_.erase(it);
-        } else {
-          ++it;
-        }
-      }
+      failed = pending_.take_peer(rank);
     }
     idle_cv_.notify_all();
     send_all(std::move(outbox));
@@ -712,16 +686,9 @@ class ProcessGroupAgent final : public RpcAgent {
 
   void deliver_local_reply(int64_t id, const rpc::Envelope& envelope, Message reply) {
     const int64_t receipt_ns = steady_now_ns();
-    Pending pending;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = pending_.find(id);
-      if (it == pending_.end()) return;
-      pending = std::move(it->second);
-      pending_.erase(it);
-      if (pending.deadline != Clock::time_point::max()) erase_deadline(pending.deadline, id);
-    }
-    finish_call(pending, envelope, std::move(reply), receipt_ns);
+    std::optional<PendingCall> pending = pending_.take(id);
+    if (!pending) return;
+    finish_call(*pending, envelope, std::move(reply), receipt_ns);
   }
 
   void pool_loop(int index) {
@@ -740,63 +707,30 @@ class ProcessGroupAgent final : public RpcAgent {
     }
   }
 
-  // --- deadlines -------------------------------------------------------------------------
-  void erase_deadline(Clock::time_point deadline, int64_t id) {
-    auto range = deadlines_.equal_range(deadline);
-    for (auto it = range.first; it != range.second; ++it) {
-      if (it->second == id) {
-        deadlines_.erase(it);
-        return;
-      }
-    }
+  // --- deadlines (kept by pending_ on the executor's timers) ----------------------------
+  // Call `id`'s deadline passed: it already left pending_. On an executor thread.
+  void on_deadline(int64_t id, PendingCall p) {
+    ScopedLogTag tag(&log_tag_);
+    VLOG(2) << "deadline of call " << id << " passed";
+    notify_idle();
+    call_failed(p, ErrorKind::kTimeout);
+    p.future->setErrorIfNeeded(std::make_exception_ptr(
+        Error(ErrorKind::kTimeout, "rpc " + p.what.text() + " to " + workers_[p.dst].name + " timed out after " +
+                                       std::to_string(p.timeout.count()) + " ms")));
   }
 
-  void timer_loop() {
-    ScopedLogTag tag(&log_tag_);
-    set_current_thread_name("timer");
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stopped_) {
-      if (deadlines_.empty()) {
-        timer_wakes_at_ = Clock::time_point::max();
-        timer_cv_.wait(lock);
-        timer_wakes_at_ = Clock::time_point::min();
-        continue;
-      }
-      const auto next = deadlines_.begin()->first;
-      if (Clock::now() < next) {
-        timer_wakes_at_ = next;
-        timer_cv_.wait_until(lock, next);
-        timer_wakes_at_ = Clock::time_point::min();
-        continue;
-      }
-      const int64_t id = deadlines_.begin()->second;
-      deadlines_.erase(deadlines_.begin());
-      VLOG(2) << "deadline of call " << id << " passed";
-      auto it = pending_.find(id);
-      if (it == pending_.end()) continue;
-      Pending p = std::move(it->second);
-      pending_.erase(it);
-      lock.unlock();
-      idle_cv_.notify_all();
-      call_failed(p, ErrorKind::kTimeout);
-      p.future->setErrorIfNeeded(std::make_exception_ptr(
-          Error(ErrorKind::kTimeout, "rpc " + p.what.text() + " to " + workers_[p.dst].name + " timed out after " +
-                                         std::to_string(p.timeout.count()) + " ms")));
-      lock.lock();
-    }
+  // Wakes a join waiting for the job to go quiet. Takes mu_ first: pending_ changes
+  // outside it, and a join that just found calls pending must be waiting when woken.
+  void notify_idle() {
+    { std::lock_guard<std::mutex> lock(mu_); }
+    idle_cv_.notify_all();
   }
 
   void fail_pending(int64_t id, std::exception_ptr error) {
-    Pending p;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = pending_.find(id);
-      if (it == pending_.end()) return;
-      p = std::move(it->second);
-      pending_.erase(it);
-      if (p.deadline != Clock::time_point::max()) erase_deadline(p.deadline, id);
-    }
-    idle_cv_.notify_all();
+    std::optional<PendingCall> taken = pending_.take(id);
+    if (!taken) return;
+    PendingCall& p = *taken;
+    notify_idle();
     std::string why;
     try {
       std::rethrow_exception(error);
@@ -820,25 +754,18 @@ class ProcessGroupAgent final : public RpcAgent {
   std::vector<Interceptor> interceptors_;     // set before start()
   std::vector<PeerFailureListener> peer_failure_listeners_;  // guarded by mu_
   std::atomic<int64_t> next_id_{1};
-  std::thread timer_;
   std::vector<std::thread> pool_;
 
   std::atomic<int64_t> default_timeout_ms_;
 
   std::mutex mu_;
   std::condition_variable pool_cv_;
-  std::condition_variable timer_cv_;
   std::condition_variable idle_cv_;
   // Guarded by mu_.
   bool starting_ = false;
   bool started_ = false;  // every held message has been served
   bool shutting_down_ = false;
   bool stopped_ = false;
-  std::map<int64_t, Pending> pending_;
-  std::multimap<Clock::time_point, int64_t> deadlines_;
-  // When the timer thread wakes next unless notified (max: only when notified; min: it is
-  // awake and will look at deadlines_ before it sleeps again). Guarded by mu_.
-  Clock::time_point timer_wakes_at_ = Clock::time_point::min();
   std::deque<std::function<void()>> queue_;
   std::deque<std::pair<int, PgMessage>> held_;
   int64_t processing_ = 0;
@@ -851,15 +778,19 @@ class ProcessGroupAgent final : public RpcAgent {
   std::map<int64_t, int64_t> join_retry_;  // generation -> round a verdict asked for
   JoinLeader join_leader_;                 // the joins this worker led or leads
 
+  // The calls awaiting replies, with their deadlines (its own lock; taken inside mu_,
+  // never around it). Its deadline callbacks use the members above; closed by shutdown().
+  PendingCalls pending_;
+
   // Last: its threads run callbacks that use the members above; destroyed (closed) first.
   CallbackPool callbacks_;
 };
 
 }  // namespace
 
-std::unique_ptr<RpcAgent> create_process_group_agent(ProcessGroup& group, std::vector<WorkerInfo> workers,
+std::unique_ptr<RpcAgent> create_process_group_agent(ProcessGroup& group, Executor& executor, std::vector<WorkerInfo> workers,
                                                      const AgentOptions& options) {
-  return std::make_unique<ProcessGroupAgent>(group, std::move(workers), options);
+  return std::make_unique<ProcessGroupAgent>(group, executor, std::move(workers), options);
 }
 
 }  // namespace drpc

@@ -12,6 +12,7 @@
 #include <thread>
 #include <tuple>
 
+#include "common/executor.h"
 #include "process_group/in_memory_process_group.h"
 #include "rpc/metrics.h"
 #include "rpc/profiler.h"
@@ -27,13 +28,15 @@ struct Agents {
   explicit Agents(int n, AgentOptions options = {}) : groups(create_in_memory_process_groups(n)) {
     std::vector<WorkerInfo> workers;
     for (int r = 0; r < n; ++r) workers.push_back(WorkerInfo{"w" + std::to_string(r), r});
-    for (int r = 0; r < n; ++r) agents.push_back(create_process_group_agent(*groups[r], workers, options));
+    for (int r = 0; r < n; ++r) executors.push_back(create_thread_executor("[w" + std::to_string(r) + "]"));
+    for (int r = 0; r < n; ++r) agents.push_back(create_process_group_agent(*groups[r], *executors[r], workers, options));
   }
   ~Agents() {
     for (auto& a : agents) a->shutdown(false);
   }
   RpcAgent& operator[](int r) { return *agents[r]; }
   std::vector<std::unique_ptr<ProcessGroup>> groups;
+  std::vector<std::unique_ptr<Executor>> executors;  // outlive the agents
   std::vector<std::unique_ptr<RpcAgent>> agents;
 };
 

@@ -341,11 +341,12 @@ int main(int argc, char** argv) {
         faults.max_random_delay[type] = milliseconds(30);
       }
       faults.seed = 1000 + FLAGS_rank;
-      register_backend("faulty", [faults](ProcessGroup& group, std::vector<WorkerInfo> workers, const Options& o) {
+      register_backend("faulty", [faults](ProcessGroup& group, Executor& executor, std::vector<WorkerInfo> workers,
+                                          const Options& o) {
         AgentOptions agent;
         agent.num_threads = o.num_worker_threads;
         agent.default_timeout = o.rpc_timeout;
-        return create_faulty_agent(create_process_group_agent(group, std::move(workers), agent), faults);
+        return create_faulty_agent(create_process_group_agent(group, executor, std::move(workers), agent), faults);
       });
       options.backend = "faulty";
     }
