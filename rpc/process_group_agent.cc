@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "rpc/metrics.h"
 #include "rpc/call_tracing.h"
+#include "rpc/handler_pool.h"
 #include "rpc/join_protocol.h"
 #include "rpc/pending_calls.h"
 #include "rpc/profiler.h"
@@ -69,6 +70,11 @@ class ProcessGroupAgent final : public RpcAgent {
         default_timeout_ms_(options.default_timeout.count()),
         join_leader_(static_cast<int>(workers_.size())),
         pending_(executor, [this](int64_t id, PendingCall p) { on_deadline(id, std::move(p)); }),
+        pool_([this](int index, const HandlerPool::Task& serve) {
+          ScopedLogTag tag(&log_tag_);
+          set_current_thread_name("handler " + std::to_string(index));
+          serve();
+        }),
         callbacks_([this](const std::function<void()>& serve) {
           ScopedLogTag tag(&log_tag_);
           set_current_thread_name("callback");
@@ -131,7 +137,7 @@ class ProcessGroupAgent final : public RpcAgent {
       std::lock_guard<std::mutex> lock(mu_);
       s.in_flight_sent = static_cast<int64_t>(pending_.size());
       s.in_flight_received = processing_;
-      s.handler_queue = static_cast<int64_t>(queue_.size());
+      s.handler_queue = static_cast<int64_t>(pool_.queued());
       for (auto& peer : s.peers) {
         if (peer.rank < 0 || peer.rank >= static_cast<int>(dead_.size()) || !dead_[peer.rank]) continue;
         peer.alive = false;
@@ -232,9 +238,8 @@ class ProcessGroupAgent final : public RpcAgent {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
-      queue_.push_back(std::move(task));
     }
-    pool_cv_.notify_one();
+    pool_.post(std::move(task));  // refused once shutdown() stopped the pool
   }
 
   using RpcAgent::join;
@@ -246,7 +251,7 @@ class ProcessGroupAgent final : public RpcAgent {
       if (starting_) return;
       starting_ = true;
     }
-    for (int i = 0; i < options_.num_threads; ++i) pool_.emplace_back([this, i] { pool_loop(i); });
+    pool_.start(options_.num_threads);
     // Messages keep arriving while the held ones are served: they queue behind them until
     // none is left, so each peer's messages are served in the order it sent them. Served on
     // this (the caller's) thread, they log as this worker's, like the network threads'.
@@ -328,9 +333,9 @@ class ProcessGroupAgent final : public RpcAgent {
       std::lock_guard<std::mutex> lock(mu_);
       stopped_ = true;
     }
+    pool_.stop();  // queued requests are dropped; running ones finish
     // Outside mu_: it waits for deadline callbacks in progress, which take mu_.
     std::vector<PendingCall> pending = pending_.close();
-    pool_cv_.notify_all();
     idle_cv_.notify_all();
     auto error = std::make_exception_ptr(
         Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " shut down before a reply came"));
@@ -338,9 +343,7 @@ class ProcessGroupAgent final : public RpcAgent {
       call_failed(p, ErrorKind::kShutdown);
       p.future->setErrorIfNeeded(error);
     }
-    for (auto& t : pool_) {
-      if (t.joinable()) t.join();
-    }
+    pool_.join();  // after failing the calls: a handler may be waiting on one
     callbacks_.close();  // runs what the failed calls queued
   }
 
@@ -573,19 +576,14 @@ class ProcessGroupAgent final : public RpcAgent {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
       ++processing_;
-      if (run_inline) {
-        // falls through to serve() below, outside the lock
-      } else {
-      queue_.push_back([this, source, id, request = std::move(request), served = std::move(served)]() mutable {
-        serve(source, id, std::move(request), std::move(served));
-      });
-      }
     }
     if (run_inline) {
       serve(source, id, std::move(request), std::move(served));
       return;
     }
-    pool_cv_.notify_one();
+    pool_.post([this, source, id, request = std::move(request), served = std::move(served)]() mutable {
+      serve(source, id, std::move(request), std::move(served));
+    });
   }
 
   void serve(int source, int64_t id, Message request, Served served) {
@@ -691,22 +689,6 @@ class ProcessGroupAgent final : public RpcAgent {
     finish_call(*pending, envelope, std::move(reply), receipt_ns);
   }
 
-  void pool_loop(int index) {
-    ScopedLogTag tag(&log_tag_);
-    set_current_thread_name("handler " + std::to_string(index));
-    while (true) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        pool_cv_.wait(lock, [&] { return stopped_ || !queue_.empty(); });
-        if (stopped_) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      task();
-    }
-  }
-
   // --- deadlines (kept by pending_ on the executor's timers) ----------------------------
   // Call `id`'s deadline passed: it already left pending_. On an executor thread.
   void on_deadline(int64_t id, PendingCall p) {
@@ -754,19 +736,16 @@ class ProcessGroupAgent final : public RpcAgent {
   std::vector<Interceptor> interceptors_;     // set before start()
   std::vector<PeerFailureListener> peer_failure_listeners_;  // guarded by mu_
   std::atomic<int64_t> next_id_{1};
-  std::vector<std::thread> pool_;
 
   std::atomic<int64_t> default_timeout_ms_;
 
   std::mutex mu_;
-  std::condition_variable pool_cv_;
   std::condition_variable idle_cv_;
   // Guarded by mu_.
   bool starting_ = false;
   bool started_ = false;  // every held message has been served
   bool shutting_down_ = false;
   bool stopped_ = false;
-  std::deque<std::function<void()>> queue_;
   std::deque<std::pair<int, PgMessage>> held_;
   int64_t processing_ = 0;
   std::vector<int64_t> sent_to_;        // requests sent, by rank (not to oneself)
@@ -781,6 +760,9 @@ class ProcessGroupAgent final : public RpcAgent {
   // The calls awaiting replies, with their deadlines (its own lock; taken inside mu_,
   // never around it). Its deadline callbacks use the members above; closed by shutdown().
   PendingCalls pending_;
+  // The handler threads, which serve requests with the members above; stopped and joined
+  // by shutdown().
+  HandlerPool pool_;
 
   // Last: its threads run callbacks that use the members above; destroyed (closed) first.
   CallbackPool callbacks_;
