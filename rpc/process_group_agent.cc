@@ -1,3 +1,8 @@
+// The agent's dispatch: messages in from the process group go to the pending call they
+// answer (rpc/pending_calls.h), to the join (rpc/join_follower.h) or, as requests, to their
+// handler on the handler threads (rpc/handler_pool.h); calls and replies go out the same
+// way, through the interceptors, metrics and traces (rpc/call_tracing.h).
+
 #include "rpc/process_group_agent.h"
 
 #include <ATen/ops/tensor.h>
@@ -8,7 +13,6 @@
 #include <map>
 #include <set>
 #include <mutex>
-#include <thread>
 
 #include "common/callback_pool.h"
 #include "common/executor.h"
@@ -17,7 +21,7 @@
 #include "rpc/metrics.h"
 #include "rpc/call_tracing.h"
 #include "rpc/handler_pool.h"
-#include "rpc/join_protocol.h"
+#include "rpc/join_follower.h"
 #include "rpc/pending_calls.h"
 #include "rpc/profiler.h"
 #include "rpc/proto/rpc.pb.h"
@@ -68,7 +72,7 @@ class ProcessGroupAgent final : public RpcAgent {
         workers_(std::move(workers)),
         options_(options),
         default_timeout_ms_(options.default_timeout.count()),
-        join_leader_(static_cast<int>(workers_.size())),
+        join_(group.rank(), static_cast<int>(workers_.size())),
         pending_(executor, [this](int64_t id, PendingCall p) { on_deadline(id, std::move(p)); }),
         pool_([this](int index, const HandlerPool::Task& serve) {
           ScopedLogTag tag(&log_tag_);
@@ -85,10 +89,6 @@ class ProcessGroupAgent final : public RpcAgent {
     }
     self_ = workers_.at(group_.rank());
     log_tag_ = make_log_tag(self_.name, self_.id);
-    const size_t n = workers_.size();
-    dead_.assign(n, false);
-    sent_to_.assign(n, 0);
-    answered_from_.assign(n, 0);
     group_.set_message_listener(MessageListener{
         [this](int source, PgMessage message) { on_message(source, std::move(message)); },
         [this](int rank, const Error& reason) { on_peer_failed(rank, reason); }});
@@ -139,7 +139,8 @@ class ProcessGroupAgent final : public RpcAgent {
       s.in_flight_received = processing_;
       s.handler_queue = static_cast<int64_t>(pool_.queued());
       for (auto& peer : s.peers) {
-        if (peer.rank < 0 || peer.rank >= static_cast<int>(dead_.size()) || !dead_[peer.rank]) continue;
+        const std::vector<bool>& dead = join_.dead();
+        if (peer.rank < 0 || peer.rank >= static_cast<int>(dead.size()) || !dead[peer.rank]) continue;
         peer.alive = false;
         auto it = gone_reason_.find(peer.rank);
         if (it != gone_reason_.end()) peer.reason = it->second;
@@ -203,7 +204,7 @@ class ProcessGroupAgent final : public RpcAgent {
           throw Error(ErrorKind::kShutdown,
                       "the RPC agent of " + self_.name + " cannot keep deadlines: its executor is closed");
       }
-      if (dst.id != self_.id) ++sent_to_[dst.id];
+      if (dst.id != self_.id) join_.request_sent(dst.id);
     }
     if (metrics_) {
       metrics_->call_sent(fn, dst.id);
@@ -275,33 +276,16 @@ class ProcessGroupAgent final : public RpcAgent {
   // leader changes (it died).
   void join(milliseconds timeout) override {
     const auto deadline = timeout.count() > 0 ? Clock::now() + timeout : Clock::time_point::max();
-    std::vector<Outgoing> outbox;
+    std::vector<JoinMessage> outbox;
     std::unique_lock<std::mutex> lock(mu_);
-    const int64_t generation = ++join_generation_;
-    int64_t round = 0;
-    int reported_to = -1;  // the leader this round's report went to
+    JoinFollower::Call call = join_.begin();
     while (true) {
       if (stopped_) throw Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " stopped while joining the job");
-      if (join_done_generation_ >= generation) return;
-      auto retry = join_retry_.find(generation);
-      if (retry != join_retry_.end() && retry->second > round) {
-        round = retry->second;
-        reported_to = -1;
-      }
-      const int leader = leader_locked();
-      if (reported_to != leader && pending_.empty() && processing_ == 0) {
-        rpc::JoinReport report;
-        report.set_generation(generation);
-        report.set_round(round);
-        for (int64_t n : sent_to_) report.add_sent_to(n);
-        for (int64_t n : answered_from_) report.add_answered_from(n);
-        reported_to = leader;
-        VLOG(1) << "join " << generation << " round " << round << ": reporting to " << workers_[leader].name;
-        if (leader == self_.id) {
-          on_join_report_locked(self_.id, report, &outbox);
-        } else {
-          outbox.push_back(Outgoing{leader, kJoinReport, report.SerializeAsString()});
-        }
+      const JoinFollower::Step step = join_.step(call, pending_.empty() && processing_ == 0, &outbox);
+      if (step == JoinFollower::Step::kQuiet) return;
+      if (step == JoinFollower::Step::kReported) {
+        VLOG(1) << "join " << call.generation << " round " << call.round << ": reported to "
+                << workers_[call.reported_to].name;
         lock.unlock();
         send_all(std::move(outbox));
         outbox.clear();
@@ -311,7 +295,7 @@ class ProcessGroupAgent final : public RpcAgent {
       if (idle_cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
         throw Error(ErrorKind::kTimeout, self_.name + " waited " + std::to_string(timeout.count()) +
                                              " ms for the job's workers to join (leader " +
-                                             workers_[leader_locked()].name + ")");
+                                             workers_[join_.leader()].name + ")");
       }
     }
   }
@@ -464,17 +448,14 @@ class ProcessGroupAgent final : public RpcAgent {
   void on_peer_failed(int rank, const Error& reason) {
     std::vector<PendingCall> failed;
     std::vector<PeerFailureListener> listeners;
-    std::vector<Outgoing> outbox;
+    std::vector<JoinMessage> outbox;
     {
       std::lock_guard<std::mutex> lock(mu_);
       listeners = peer_failure_listeners_;
       // A join no longer waits for it: the reports in hand may now be complete, and if it
       // led, the next live rank leads (workers waiting report again).
-      dead_[rank] = true;
+      join_.peer_dead(rank, &outbox);
       gone_reason_[rank] = reason.message();
-      std::vector<JoinVerdictFor> verdicts;
-      join_leader_.on_peer_dead(dead_, &verdicts);
-      route_verdicts_locked(std::move(verdicts), &outbox);
       failed = pending_.take_peer(rank);
     }
     idle_cv_.notify_all();
@@ -490,21 +471,9 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   // --- the job-wide join ----------------------------------------------------------------
-  struct Outgoing {
-    int dst;
-    int32_t type;
-    std::string payload;
-  };
-  int leader_locked() const {
-    for (int r = 0; r < static_cast<int>(dead_.size()); ++r) {
-      if (!dead_[r]) return r;
-    }
-    return self_.id;
-  }
-
   // Join messages go straight to the process group: they are not requests, so they count
   // in nobody's totals (nor in the byte metrics).
-  void send_all(std::vector<Outgoing> outbox) {
+  void send_all(std::vector<JoinMessage> outbox) {
     for (auto& out : outbox) {
       rpc::Envelope envelope;
       envelope.set_type(out.type);
@@ -518,55 +487,17 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   void on_join_message(int source, const rpc::Envelope& envelope) {
-    std::vector<Outgoing> outbox;
+    std::vector<JoinMessage> outbox;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (envelope.type() == kJoinReport) {
-        rpc::JoinReport report;
-        if (!report.ParseFromString(envelope.payload()) ||
-            !JoinLeader::well_formed(report, static_cast<int>(workers_.size()))) {
-          LOG(ERROR) << self_.name << ": dropping a malformed join report from " << workers_[source].name;
-          return;
-        }
-        on_join_report_locked(source, report, &outbox);
-      } else {
-        rpc::JoinVerdict verdict;
-        if (!verdict.ParseFromString(envelope.payload())) {
-          LOG(ERROR) << self_.name << ": dropping a malformed join verdict from " << workers_[source].name;
-          return;
-        }
-        on_join_verdict_locked(verdict);
+      if (!join_.on_message(source, envelope.type(), envelope.payload(), &outbox)) {
+        LOG(ERROR) << self_.name << ": dropping a malformed join " << (envelope.type() == kJoinReport ? "report" : "verdict")
+                   << " from " << workers_[source].name;
+        return;
       }
     }
     idle_cv_.notify_all();
     send_all(std::move(outbox));
-  }
-
-  // The leader's part (rpc/join_protocol.h) decides; a report and verdict may also be
-  // this worker's own (the leader joins too).
-  void on_join_report_locked(int source, const rpc::JoinReport& report, std::vector<Outgoing>* outbox) {
-    std::vector<JoinVerdictFor> verdicts;
-    join_leader_.on_report(source, report, dead_, &verdicts);
-    route_verdicts_locked(std::move(verdicts), outbox);
-  }
-
-  void route_verdicts_locked(std::vector<JoinVerdictFor> verdicts, std::vector<Outgoing>* outbox) {
-    for (auto& v : verdicts) {
-      if (v.dst == self_.id) {
-        on_join_verdict_locked(v.verdict);
-      } else {
-        outbox->push_back(Outgoing{v.dst, kJoinVerdict, v.verdict.SerializeAsString()});
-      }
-    }
-  }
-
-  void on_join_verdict_locked(const rpc::JoinVerdict& verdict) {
-    if (verdict.done()) {
-      join_done_generation_ = std::max(join_done_generation_, verdict.generation());
-    } else {
-      int64_t& round = join_retry_[verdict.generation()];
-      round = std::max(round, verdict.round());
-    }
   }
 
   // --- handler threads -----------------------------------------------------------------
@@ -677,7 +608,7 @@ class ProcessGroupAgent final : public RpcAgent {
     {
       std::lock_guard<std::mutex> lock(mu_);
       --processing_;
-      if (source != self_.id) ++answered_from_[source];
+      if (source != self_.id) join_.request_answered(source);
     }
     idle_cv_.notify_all();
   }
@@ -748,14 +679,8 @@ class ProcessGroupAgent final : public RpcAgent {
   bool stopped_ = false;
   std::deque<std::pair<int, PgMessage>> held_;
   int64_t processing_ = 0;
-  std::vector<int64_t> sent_to_;        // requests sent, by rank (not to oneself)
-  std::vector<int64_t> answered_from_;  // requests answered, by rank (not from oneself)
-  std::vector<bool> dead_;              // peers known gone
   std::map<int, std::string> gone_reason_;  // guarded by mu_: why each dead peer is gone
-  int64_t join_generation_ = 0;         // calls of join() so far
-  int64_t join_done_generation_ = 0;    // the last join the leader declared done
-  std::map<int64_t, int64_t> join_retry_;  // generation -> round a verdict asked for
-  JoinLeader join_leader_;                 // the joins this worker led or leads
+  JoinFollower join_;                       // guarded by mu_: counts, the dead, the joins
 
   // The calls awaiting replies, with their deadlines (its own lock; taken inside mu_,
   // never around it). Its deadline callbacks use the members above; closed by shutdown().
