@@ -30,11 +30,12 @@ std::mutex& backends_mu() {
 }
 std::map<std::string, BackendFactory>& backends() {
   static std::map<std::string, BackendFactory> registry = {
-      {"process_group", [](MessagePort& port, std::vector<WorkerInfo> workers, const Options& options) {
+      {"process_group", [](MessagePort& port, Executor& executor, std::vector<WorkerInfo> workers,
+                           const Options& options) {
          AgentOptions agent;
          agent.num_threads = options.num_worker_threads;
          agent.default_timeout = options.rpc_timeout;
-         return create_process_group_agent(port, std::move(workers), agent);
+         return create_process_group_agent(port, executor, std::move(workers), agent);
        }}};
   return registry;
 }
@@ -124,8 +125,8 @@ class RuntimeImpl final : public Runtime {
     messages_ = std::move(endpoints.messages);
     if (!group_ || !messages_ || group_->rank() != rank || group_->size() != world_size ||
         messages_->rank() != rank || messages_->size() != world_size) {
-      throw Error(ErrorKind::kBadArgument, "the process group factory made no group and message port of rank " + std::to_string(rank) +
-                                               " in a world of " + std::to_string(world_size));
+      throw Error(ErrorKind::kBadArgument, "the process group factory made no group and message port of rank " +
+                                               std::to_string(rank) + " in a world of " + std::to_string(world_size));
     }
     for (const auto& [script, path] : options.scripts) functions_.load_script(script, path);
     BackendFactory factory;
@@ -135,20 +136,22 @@ class RuntimeImpl final : public Runtime {
       if (it == backends().end()) throw Error(ErrorKind::kBadArgument, "unknown RPC backend '" + options.backend + "'");
       factory = it->second;
     }
-    agent_ = factory(*messages_, workers, options);
+    log_tag_ = make_log_tag(name, rank);
+    executor_ = create_thread_executor(log_tag_);
+    agent_ = factory(*messages_, *executor_, workers, options);
     std::vector<std::string> names;
     for (const auto& w : workers) names.push_back(w.name);
     metrics_ = std::make_unique<Metrics>(name, rank, names);
-    log_tag_ = make_log_tag(name, rank);
     agent_->set_instruments(metrics_.get(), tracer_.get());
-    executor_ = create_thread_executor(log_tag_);
     rref_ = create_rref_context(
         *agent_, *executor_,
         [this](const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs, const Extensions& caller) {
           return calls_->run(fn, std::move(args), std::move(kwargs), caller);
         },
         [this](const c10::IValue& value, const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,
-               const Extensions& caller) { return calls_->apply(value, fn, std::move(args), std::move(kwargs), caller); });
+               const Extensions& caller) {
+          return calls_->apply(value, fn, std::move(args), std::move(kwargs), caller);
+        });
     autograd_ = create_autograd_container(*agent_, *executor_, options.autograd_context_ttl);
     optimizers_ = create_optimizer_host(*autograd_, functions_);
     calls_ = std::make_unique<CallService>(*this, *agent_, *rref_, *autograd_, functions_, *tracer_);

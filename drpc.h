@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/executor.h"
 #include "process_group/group_endpoints.h"
 #include "process_group/message_port.h"
 #include "process_group/process_group.h"
@@ -75,9 +76,10 @@ struct Options {
 };
 
 // Builds an RpcAgent over the message port of a job's process group (see
-// register_backend). `port` outlives the agent.
-using BackendFactory = std::function<std::unique_ptr<RpcAgent>(MessagePort& port, std::vector<WorkerInfo> workers,
-                                                               const Options& options)>;
+// register_backend). `port` outlives the agent; `executor` is the worker's (its timers
+// keep the agent's deadlines) and outlives it too.
+using BackendFactory = std::function<std::unique_ptr<RpcAgent>(
+    MessagePort& port, Executor& executor, std::vector<WorkerInfo> workers, const Options& options)>;
 // Makes `factory` available as Options::backend == `name`. Thread-safe.
 void register_backend(const std::string& name, BackendFactory factory);
 

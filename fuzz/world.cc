@@ -89,7 +89,8 @@ World::World(Recorder recorder) : arrivals_(std::make_shared<Arrivals>()) {
     options.num_threads = r == 0 ? 1 : 2;
     options.default_timeout = kTimeout;
     Worker& w = workers_[r];
-    w.agent = create_process_group_agent(*groups_[r].messages, infos, options);
+    w.executor = create_thread_executor("[worker" + std::to_string(r) + "/" + std::to_string(r) + "]");
+    w.agent = create_process_group_agent(*groups_[r].messages, *w.executor, infos, options);
     if (r == 0) {
       auto arrivals = arrivals_;
       w.agent->add_interceptor(RpcAgent::Interceptor{
@@ -100,7 +101,6 @@ World::World(Recorder recorder) : arrivals_(std::make_shared<Arrivals>()) {
             arrivals->cv.notify_all();
           }});
     }
-    w.executor = create_thread_executor("[worker" + std::to_string(r) + "/" + std::to_string(r) + "]");
     w.rref = create_rref_context(*w.agent, *w.executor, run, apply);
     w.autograd = create_autograd_container(*w.agent, *w.executor);
   }

@@ -89,7 +89,8 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
         inbox.sink->on_frame(std::move(*frame));
       } else {
         const int gone = std::get<int>(item);
-        inbox.sink->on_peer_failed(gone, Error(ErrorKind::kPeerUnavailable, "rank " + std::to_string(gone) + " shut down"));
+        inbox.sink->on_peer_failed(gone,
+                                   Error(ErrorKind::kPeerUnavailable, "rank " + std::to_string(gone) + " shut down"));
       }
     }
   }
@@ -116,7 +117,8 @@ class InMemoryTransport final : public Transport {
     frame.header = header;
     for (const auto& t : tensors) {
       copies->push_back(t.clone());
-      if (t.nbytes() > 0) frame.body.push_back(ByteSpan{static_cast<const uint8_t*>(copies->back().data_ptr()), t.nbytes()});
+      if (t.nbytes() > 0)
+        frame.body.push_back(ByteSpan{static_cast<const uint8_t*>(copies->back().data_ptr()), t.nbytes()});
     }
     frame.keepalive = copies;
     fabric_->post(rank_, dst, std::move(frame));

@@ -22,7 +22,9 @@ TEST(InMemoryProcessGroup, PassesTheConformanceSuite) {
     std::vector<std::vector<std::string>> failures(world);
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r) {
-      threads.emplace_back([&, r] { failures[r] = testing::run_conformance(*groups[r].group, *groups[r].messages, /*large_bytes=*/1 << 18); });
+      threads.emplace_back([&, r] {
+        failures[r] = testing::run_conformance(*groups[r].group, *groups[r].messages, /*large_bytes=*/1 << 18);
+      });
     }
     for (auto& t : threads) t.join();
     for (int r = 0; r < world; ++r) {

@@ -224,7 +224,10 @@ TEST(ProcessGroupErrors, EverythingFailsAfterShutdown) {
   EXPECT_EQ(expect_error([&] { pending->wait(milliseconds(5000)); }).kind(), ErrorKind::kShutdown);
   EXPECT_EQ(expect_error([&] { g.allreduce(at::ones({1}), ReduceOp::kSum)->wait(); }).kind(),
             ErrorKind::kShutdown);
-  EXPECT_EQ(expect_error([&] { group.ranks[0].messages->send_message(1, PgMessage{"x", {}}); }).kind(), ErrorKind::kShutdown);
+  EXPECT_EQ(expect_error([&] {
+              group.ranks[0].messages->send_message(1, PgMessage{"x", {}});
+            }).kind(),
+            ErrorKind::kShutdown);
 }
 
 TEST(ProcessGroupBarrier, NoRankLeavesBeforeAllArrive) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "common/executor.h"
+#include "common/logging.h"
 #include "process_group/in_memory_process_group.h"
 #include "rpc/process_group_agent.h"
 
@@ -19,7 +21,9 @@ struct InMemoryAgents {
       : groups(create_in_memory_process_groups(n)) {
     std::vector<WorkerInfo> workers;
     for (int r = 0; r < n; ++r) workers.push_back(WorkerInfo{prefix + std::to_string(r), r});
-    for (int r = 0; r < n; ++r) agents.push_back(create_process_group_agent(*groups[r].messages, workers, options));
+    for (int r = 0; r < n; ++r) executors.push_back(create_thread_executor(make_log_tag(workers[r].name, r)));
+    for (int r = 0; r < n; ++r)
+      agents.push_back(create_process_group_agent(*groups[r].messages, *executors[r], workers, options));
   }
   ~InMemoryAgents() {
     for (auto& a : agents) a->shutdown(false);
@@ -33,6 +37,7 @@ struct InMemoryAgents {
   }
 
   std::vector<GroupEndpoints> groups;  // each rank's group and the port its agent uses
+  std::vector<std::unique_ptr<Executor>> executors;  // the agents' deadlines; outlive them
   std::vector<std::unique_ptr<RpcAgent>> agents;
 };
 

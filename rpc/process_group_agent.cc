@@ -1,3 +1,8 @@
+// The agent's dispatch: messages in from the process group go to the pending call they
+// answer (rpc/pending_calls.h), to the join (rpc/join_follower.h) or, as requests, to their
+// handler on the handler threads (rpc/handler_pool.h); calls and replies go out the same
+// way, through the interceptors, metrics and traces (rpc/call_tracing.h).
+
 #include "rpc/process_group_agent.h"
 
 #include <ATen/ops/tensor.h>
@@ -8,14 +13,16 @@
 #include <map>
 #include <set>
 #include <mutex>
-#include <thread>
 
 #include "common/callback_pool.h"
+#include "common/executor.h"
 #include "common/error_wire.h"
 #include "common/logging.h"
 #include "rpc/metrics.h"
 #include "rpc/call_tracing.h"
-#include "rpc/join_protocol.h"
+#include "rpc/handler_pool.h"
+#include "rpc/join_follower.h"
+#include "rpc/pending_calls.h"
 #include "rpc/profiler.h"
 #include "rpc/proto/rpc.pb.h"
 
@@ -59,36 +66,38 @@ ErrorKind kind_of(const rpc::Envelope& e) {
 
 class ProcessGroupAgent final : public RpcAgent {
  public:
-  ProcessGroupAgent(MessagePort& group, std::vector<WorkerInfo> workers, const AgentOptions& options)
-      : group_(group),
+  ProcessGroupAgent(MessagePort& port, Executor& executor, std::vector<WorkerInfo> workers,
+                    const AgentOptions& options)
+      : port_(port),
         workers_(std::move(workers)),
         options_(options),
         default_timeout_ms_(options.default_timeout.count()),
-        join_leader_(static_cast<int>(workers_.size())),
+        join_(port.rank(), static_cast<int>(workers_.size())),
+        pending_(executor, [this](int64_t id, PendingCall p) { on_deadline(id, std::move(p)); }),
+        pool_([this](int index, const HandlerPool::Task& serve) {
+          ScopedLogTag tag(&log_tag_);
+          set_current_thread_name("handler " + std::to_string(index));
+          serve();
+        }),
         callbacks_([this](const std::function<void()>& serve) {
           ScopedLogTag tag(&log_tag_);
           set_current_thread_name("callback");
           serve();
         }) {
-    if (static_cast<int>(workers_.size()) != group_.size()) {
+    if (static_cast<int>(workers_.size()) != port_.size()) {
       throw Error(ErrorKind::kBadArgument, "the agent needs one worker per rank");
     }
-    self_ = workers_.at(group_.rank());
+    self_ = workers_.at(port_.rank());
     log_tag_ = make_log_tag(self_.name, self_.id);
-    const size_t n = workers_.size();
-    dead_.assign(n, false);
-    sent_to_.assign(n, 0);
-    answered_from_.assign(n, 0);
-    group_.set_message_listener(MessageListener{
+    port_.set_message_listener(MessageListener{
         [this](int source, PgMessage message) { on_message(source, std::move(message)); },
         [this](int rank, const Error& reason) { on_peer_failed(rank, reason); }});
-    timer_ = std::thread([this] { timer_loop(); });
   }
 
   ~ProcessGroupAgent() override {
     if (metrics_) metrics_->set_gauge_source(nullptr);
     shutdown(false);
-    group_.set_message_listener(MessageListener{});
+    port_.set_message_listener(MessageListener{});
   }
 
   const WorkerInfo& self() const override { return self_; }
@@ -128,9 +137,10 @@ class ProcessGroupAgent final : public RpcAgent {
       std::lock_guard<std::mutex> lock(mu_);
       s.in_flight_sent = static_cast<int64_t>(pending_.size());
       s.in_flight_received = processing_;
-      s.handler_queue = static_cast<int64_t>(queue_.size());
+      s.handler_queue = static_cast<int64_t>(pool_.queued());
       for (auto& peer : s.peers) {
-        if (peer.rank < 0 || peer.rank >= static_cast<int>(dead_.size()) || !dead_[peer.rank]) continue;
+        const std::vector<bool>& dead = join_.dead();
+        if (peer.rank < 0 || peer.rank >= static_cast<int>(dead.size()) || !dead[peer.rank]) continue;
         peer.alive = false;
         auto it = gone_reason_.find(peer.rank);
         if (it != gone_reason_.end()) peer.reason = it->second;
@@ -139,10 +149,9 @@ class ProcessGroupAgent final : public RpcAgent {
         peer.left = peer.reason.find(goodbye) != std::string::npos;
       }
       const auto now = steady_now_ns();
-      for (const auto& [id, p] : pending_) {  // ids grow: oldest first
-        if (s.calls_in_flight.size() >= MetricsSnapshot::kMaxCallsListed) break;
+      pending_.visit_oldest(MetricsSnapshot::kMaxCallsListed, [&](const PendingCall& p) {
         s.calls_in_flight.push_back({function_label(p.what.function), workers_[p.dst].name, (now - p.start_ns) * 1e-9});
-      }
+      });
     });
   }
   void add_peer_failure_listener(PeerFailureListener listener) override {
@@ -185,16 +194,17 @@ class ProcessGroupAgent final : public RpcAgent {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) throw Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " is shut down");
-      Pending pending{future, dst.id, std::move(what), timeout, Clock::time_point::max(), fn, start_ns, trace};
-      if (timeout.count() > 0) {
-        pending.deadline = Clock::now() + timeout;
-        deadlines_.emplace(pending.deadline, id);
-        // Only a deadline earlier than the timer's next wake-up needs it sooner: calls made
-        // one after another (each later than the last) leave it asleep.
-        if (pending.deadline < timer_wakes_at_) timer_cv_.notify_all();
+      // Under mu_, so a join sees the call pending or not counted as sent, never between.
+      switch (pending_.add(id, PendingCall{future, dst.id, std::move(what), timeout, fn, start_ns, trace})) {
+        case PendingCalls::AddResult::kAdded:
+          break;
+        case PendingCalls::AddResult::kClosed:
+          throw Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " is shut down");
+        case PendingCalls::AddResult::kNoTimer:
+          throw Error(ErrorKind::kShutdown,
+                      "the RPC agent of " + self_.name + " cannot keep deadlines: its executor is closed");
       }
-      pending_.emplace(id, std::move(pending));
-      if (dst.id != self_.id) ++sent_to_[dst.id];
+      if (dst.id != self_.id) join_.request_sent(dst.id);
     }
     if (metrics_) {
       metrics_->call_sent(fn, dst.id);
@@ -215,7 +225,7 @@ class ProcessGroupAgent final : public RpcAgent {
       return future;
     }
     try {
-      WorkPtr work = group_.send_message(dst.id, PgMessage{std::move(header), std::move(request.tensors)});
+      WorkPtr work = port_.send_message(dst.id, PgMessage{std::move(header), std::move(request.tensors)});
       work->on_completion([this, id](Work& w) {
         if (auto error = w.exception()) fail_pending(id, error);
       });
@@ -229,9 +239,8 @@ class ProcessGroupAgent final : public RpcAgent {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
-      queue_.push_back(std::move(task));
     }
-    pool_cv_.notify_one();
+    pool_.post(std::move(task));  // refused once shutdown() stopped the pool
   }
 
   using RpcAgent::join;
@@ -243,7 +252,7 @@ class ProcessGroupAgent final : public RpcAgent {
       if (starting_) return;
       starting_ = true;
     }
-    for (int i = 0; i < options_.num_threads; ++i) pool_.emplace_back([this, i] { pool_loop(i); });
+    pool_.start(options_.num_threads);
     // Messages keep arriving while the held ones are served: they queue behind them until
     // none is left, so each peer's messages are served in the order it sent them. Served on
     // this (the caller's) thread, they log as this worker's, like the network threads'.
@@ -267,33 +276,17 @@ class ProcessGroupAgent final : public RpcAgent {
   // leader changes (it died).
   void join(milliseconds timeout) override {
     const auto deadline = timeout.count() > 0 ? Clock::now() + timeout : Clock::time_point::max();
-    std::vector<Outgoing> outbox;
+    std::vector<JoinMessage> outbox;
     std::unique_lock<std::mutex> lock(mu_);
-    const int64_t generation = ++join_generation_;
-    int64_t round = 0;
-    int reported_to = -1;  // the leader this round's report went to
+    JoinFollower::Call call = join_.begin();
     while (true) {
-      if (stopped_) throw Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " stopped while joining the job");
-      if (join_done_generation_ >= generation) return;
-      auto retry = join_retry_.find(generation);
-      if (retry != join_retry_.end() && retry->second > round) {
-        round = retry->second;
-        reported_to = -1;
-      }
-      const int leader = leader_locked();
-      if (reported_to != leader && pending_.empty() && processing_ == 0) {
-        rpc::JoinReport report;
-        report.set_generation(generation);
-        report.set_round(round);
-        for (int64_t n : sent_to_) report.add_sent_to(n);
-        for (int64_t n : answered_from_) report.add_answered_from(n);
-        reported_to = leader;
-        VLOG(1) << "join " << generation << " round " << round << ": reporting to " << workers_[leader].name;
-        if (leader == self_.id) {
-          on_join_report_locked(self_.id, report, &outbox);
-        } else {
-          outbox.push_back(Outgoing{leader, kJoinReport, report.SerializeAsString()});
-        }
+      if (stopped_)
+        throw Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " stopped while joining the job");
+      const JoinFollower::Step step = join_.step(call, pending_.empty() && processing_ == 0, &outbox);
+      if (step == JoinFollower::Step::kQuiet) return;
+      if (step == JoinFollower::Step::kReported) {
+        VLOG(1) << "join " << call.generation << " round " << call.round << ": reported to "
+                << workers_[call.reported_to].name;
         lock.unlock();
         send_all(std::move(outbox));
         outbox.clear();
@@ -303,7 +296,7 @@ class ProcessGroupAgent final : public RpcAgent {
       if (idle_cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
         throw Error(ErrorKind::kTimeout, self_.name + " waited " + std::to_string(timeout.count()) +
                                              " ms for the job's workers to join (leader " +
-                                             workers_[leader_locked()].name + ")");
+                                             workers_[join_.leader()].name + ")");
       }
     }
   }
@@ -321,41 +314,25 @@ class ProcessGroupAgent final : public RpcAgent {
         LOG(WARNING) << self_.name << ": graceful shutdown could not wait for the job: " << e.what();
       }
     }
-    std::map<int64_t, Pending> pending;
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopped_ = true;
-      pending.swap(pending_);
-      deadlines_.clear();
     }
-    pool_cv_.notify_all();
-    timer_cv_.notify_all();
+    pool_.stop();  // queued requests are dropped; running ones finish
+    // Outside mu_: it waits for deadline callbacks in progress, which take mu_.
+    std::vector<PendingCall> pending = pending_.close();
     idle_cv_.notify_all();
     auto error = std::make_exception_ptr(
         Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " shut down before a reply came"));
-    for (auto& [id, p] : pending) {
+    for (auto& p : pending) {
       call_failed(p, ErrorKind::kShutdown);
       p.future->setErrorIfNeeded(error);
     }
-    for (auto& t : pool_) {
-      if (t.joinable()) t.join();
-    }
-    if (timer_.joinable()) timer_.join();
+    pool_.join();  // after failing the calls: a handler may be waiting on one
     callbacks_.close();  // runs what the failed calls queued
   }
 
  private:
-  struct Pending {
-    FuturePtr future;
-    int dst;
-    CallName what;  // its text only on error
-    milliseconds timeout;
-    Clock::time_point deadline;
-    Metrics::Function* fn = nullptr;
-    int64_t start_ns = 0;
-    std::shared_ptr<CallTrace> trace;  // profiled calls only
-  };
-
   // What the agent keeps about a request it serves.
   struct Served {
     Metrics::Function* fn = nullptr;
@@ -427,24 +404,17 @@ class ProcessGroupAgent final : public RpcAgent {
       schedule_request(source, envelope.id(), std::move(message), std::move(served));
       return;
     }
-    Pending pending;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = pending_.find(envelope.id());
-      if (it == pending_.end()) {  // timed out already: the late reply is dropped
-        VLOG(2) << "dropping the late reply " << envelope.id() << " from " << workers_[source].name;
-        return;
-      }
-      pending = std::move(it->second);
-      pending_.erase(it);
-      if (pending.deadline != Clock::time_point::max()) erase_deadline(pending.deadline, envelope.id());
+    std::optional<PendingCall> pending = pending_.take(envelope.id());
+    if (!pending) {  // timed out already: the late reply is dropped
+      VLOG(2) << "dropping the late reply " << envelope.id() << " from " << workers_[source].name;
+      return;
     }
-    idle_cv_.notify_all();
-    finish_call(pending, envelope, std::move(message), arrival_ns);
+    notify_idle();
+    finish_call(*pending, envelope, std::move(message), arrival_ns);
   }
 
   // A reply (or an error reply) arrived at `receipt_ns` for `p`.
-  void finish_call(Pending& p, const rpc::Envelope& envelope, Message message, int64_t receipt_ns) {
+  void finish_call(PendingCall& p, const rpc::Envelope& envelope, Message message, int64_t receipt_ns) {
     const bool failed = envelope.error_kind() != 0;
     VLOG(1) << "reply " << envelope.id() << " from " << workers_[p.dst].name << " after "
             << (receipt_ns - p.start_ns) / 1000 << " us" << (failed ? " (error)" : "");
@@ -457,48 +427,37 @@ class ProcessGroupAgent final : public RpcAgent {
                   failed ? error_kind_name(kind_of(envelope)) : nullptr);
     }
     if (failed) {
-      p.future->setErrorIfNeeded(std::make_exception_ptr(
-          Error(kind_of(envelope), "rpc " + p.what.text() + " on " + workers_[p.dst].name + " failed: " + envelope.error())));
+      p.future->setErrorIfNeeded(std::make_exception_ptr(Error(
+          kind_of(envelope), "rpc " + p.what.text() + " on " + workers_[p.dst].name + " failed: " + envelope.error())));
     } else {
       p.future->markCompleted(message_to_ivalue(std::move(message)));
     }
   }
 
   // A call that ends without a reply (deadline, peer gone, shutdown).
-  void call_failed(Pending& p, ErrorKind kind) {
+  void call_failed(PendingCall& p, ErrorKind kind) {
     if (metrics_ && p.fn) metrics_->error(true, kind);
     VLOG(1) << "call to " << workers_[p.dst].name << " (" << p.what.text() << ") failed: " << error_kind_name(kind);
     if (p.trace) record_call(p, nullptr, steady_now_ns(), error_kind_name(kind));
   }
 
   // The caller's spans of a profiled call, with the callee's (`profile`, if it answered).
-  void record_call(const Pending& p, const rpc::Profile* profile, int64_t end_ns, const char* error) {
+  void record_call(const PendingCall& p, const rpc::Profile* profile, int64_t end_ns, const char* error) {
     record_call_spans(*tracer_, *p.trace, self_.id, workers_[p.dst].name, profile, end_ns, error);
   }
 
   void on_peer_failed(int rank, const Error& reason) {
-    std::vector<Pending> failed;
+    std::vector<PendingCall> failed;
     std::vector<PeerFailureListener> listeners;
-    std::vector<Outgoing> outbox;
+    std::vector<JoinMessage> outbox;
     {
       std::lock_guard<std::mutex> lock(mu_);
       listeners = peer_failure_listeners_;
       // A join no longer waits for it: the reports in hand may now be complete, and if it
       // led, the next live rank leads (workers waiting report again).
-      dead_[rank] = true;
+      join_.peer_dead(rank, &outbox);
       gone_reason_[rank] = reason.message();
-      std::vector<JoinVerdictFor> verdicts;
-      join_leader_.on_peer_dead(dead_, &verdicts);
-      route_verdicts_locked(std::move(verdicts), &outbox);
-      for (auto it = pending_.begin(); it != pending_.end();) {
-        if (it->second.dst == rank) {
-          if (it->second.deadline != Clock::time_point::max()) erase_deadline(it->second.deadline, it->first);
-          failed.push_back(std::move(it->second));
-          it = pending_.erase(it);
-        } else {
-          ++it;
-        }
-      }
+      failed = pending_.take_peer(rank);
     }
     idle_cv_.notify_all();
     send_all(std::move(outbox));
@@ -513,27 +472,15 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   // --- the job-wide join ----------------------------------------------------------------
-  struct Outgoing {
-    int dst;
-    int32_t type;
-    std::string payload;
-  };
-  int leader_locked() const {
-    for (int r = 0; r < static_cast<int>(dead_.size()); ++r) {
-      if (!dead_[r]) return r;
-    }
-    return self_.id;
-  }
-
   // Join messages go straight to the process group: they are not requests, so they count
   // in nobody's totals (nor in the byte metrics).
-  void send_all(std::vector<Outgoing> outbox) {
+  void send_all(std::vector<JoinMessage> outbox) {
     for (auto& out : outbox) {
       rpc::Envelope envelope;
       envelope.set_type(out.type);
       envelope.set_payload(std::move(out.payload));
       try {
-        group_.send_message(out.dst, PgMessage{envelope.SerializeAsString(), {}});
+        port_.send_message(out.dst, PgMessage{envelope.SerializeAsString(), {}});
       } catch (const Error& e) {
         VLOG(1) << "join message to " << workers_[out.dst].name << " not sent: " << e.what();  // it is gone
       }
@@ -541,55 +488,17 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   void on_join_message(int source, const rpc::Envelope& envelope) {
-    std::vector<Outgoing> outbox;
+    std::vector<JoinMessage> outbox;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (envelope.type() == kJoinReport) {
-        rpc::JoinReport report;
-        if (!report.ParseFromString(envelope.payload()) ||
-            !JoinLeader::well_formed(report, static_cast<int>(workers_.size()))) {
-          LOG(ERROR) << self_.name << ": dropping a malformed join report from " << workers_[source].name;
-          return;
-        }
-        on_join_report_locked(source, report, &outbox);
-      } else {
-        rpc::JoinVerdict verdict;
-        if (!verdict.ParseFromString(envelope.payload())) {
-          LOG(ERROR) << self_.name << ": dropping a malformed join verdict from " << workers_[source].name;
-          return;
-        }
-        on_join_verdict_locked(verdict);
+      if (!join_.on_message(source, envelope.type(), envelope.payload(), &outbox)) {
+        LOG(ERROR) << self_.name << ": dropping a malformed join "
+                   << (envelope.type() == kJoinReport ? "report" : "verdict") << " from " << workers_[source].name;
+        return;
       }
     }
     idle_cv_.notify_all();
     send_all(std::move(outbox));
-  }
-
-  // The leader's part (rpc/join_protocol.h) decides; a report and verdict may also be
-  // this worker's own (the leader joins too).
-  void on_join_report_locked(int source, const rpc::JoinReport& report, std::vector<Outgoing>* outbox) {
-    std::vector<JoinVerdictFor> verdicts;
-    join_leader_.on_report(source, report, dead_, &verdicts);
-    route_verdicts_locked(std::move(verdicts), outbox);
-  }
-
-  void route_verdicts_locked(std::vector<JoinVerdictFor> verdicts, std::vector<Outgoing>* outbox) {
-    for (auto& v : verdicts) {
-      if (v.dst == self_.id) {
-        on_join_verdict_locked(v.verdict);
-      } else {
-        outbox->push_back(Outgoing{v.dst, kJoinVerdict, v.verdict.SerializeAsString()});
-      }
-    }
-  }
-
-  void on_join_verdict_locked(const rpc::JoinVerdict& verdict) {
-    if (verdict.done()) {
-      join_done_generation_ = std::max(join_done_generation_, verdict.generation());
-    } else {
-      int64_t& round = join_retry_[verdict.generation()];
-      round = std::max(round, verdict.round());
-    }
   }
 
   // --- handler threads -----------------------------------------------------------------
@@ -599,19 +508,14 @@ class ProcessGroupAgent final : public RpcAgent {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
       ++processing_;
-      if (run_inline) {
-        // falls through to serve() below, outside the lock
-      } else {
-      queue_.push_back([this, source, id, request = std::move(request), served = std::move(served)]() mutable {
-        serve(source, id, std::move(request), std::move(served));
-      });
-      }
     }
     if (run_inline) {
       serve(source, id, std::move(request), std::move(served));
       return;
     }
-    pool_cv_.notify_one();
+    pool_.post([this, source, id, request = std::move(request), served = std::move(served)]() mutable {
+      serve(source, id, std::move(request), std::move(served));
+    });
   }
 
   void serve(int source, int64_t id, Message request, Served served) {
@@ -629,8 +533,8 @@ class ProcessGroupAgent final : public RpcAgent {
       reply->setError(served.refused);
     } else if (handler == handlers_.end()) {
       reply = make_message_future();
-      reply->setError(std::make_exception_ptr(
-          Error(ErrorKind::kBadArgument, self_.name + " has no handler for message type " + std::to_string(request.type))));
+      reply->setError(std::make_exception_ptr(Error(
+          ErrorKind::kBadArgument, self_.name + " has no handler for message type " + std::to_string(request.type))));
     } else {
       // Calls the handler makes on this thread belong to a profiled request's trace.
       Tracer::Scope scope(tracer_, served.trace ? served.trace->collector : nullptr);
@@ -697,7 +601,7 @@ class ProcessGroupAgent final : public RpcAgent {
         if (metrics_) {
           metrics_->bytes_sent(source, static_cast<int64_t>(header.size()) + tensor_bytes(reply.tensors));
         }
-        group_.send_message(source, PgMessage{std::move(header), std::move(reply.tensors)});
+        port_.send_message(source, PgMessage{std::move(header), std::move(reply.tensors)});
       } catch (const Error& e) {
         LOG(WARNING) << self_.name << ": cannot answer " << workers_[source].name << ": " << e.what();
       }
@@ -705,98 +609,42 @@ class ProcessGroupAgent final : public RpcAgent {
     {
       std::lock_guard<std::mutex> lock(mu_);
       --processing_;
-      if (source != self_.id) ++answered_from_[source];
+      if (source != self_.id) join_.request_answered(source);
     }
     idle_cv_.notify_all();
   }
 
   void deliver_local_reply(int64_t id, const rpc::Envelope& envelope, Message reply) {
     const int64_t receipt_ns = steady_now_ns();
-    Pending pending;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = pending_.find(id);
-      if (it == pending_.end()) return;
-      pending = std::move(it->second);
-      pending_.erase(it);
-      if (pending.deadline != Clock::time_point::max()) erase_deadline(pending.deadline, id);
-    }
-    finish_call(pending, envelope, std::move(reply), receipt_ns);
+    std::optional<PendingCall> pending = pending_.take(id);
+    if (!pending) return;
+    finish_call(*pending, envelope, std::move(reply), receipt_ns);
   }
 
-  void pool_loop(int index) {
+  // --- deadlines (kept by pending_ on the executor's timers) ----------------------------
+  // Call `id`'s deadline passed: it already left pending_. On an executor thread.
+  void on_deadline(int64_t id, PendingCall p) {
     ScopedLogTag tag(&log_tag_);
-    set_current_thread_name("handler " + std::to_string(index));
-    while (true) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        pool_cv_.wait(lock, [&] { return stopped_ || !queue_.empty(); });
-        if (stopped_) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      task();
-    }
+    VLOG(2) << "deadline of call " << id << " passed";
+    notify_idle();
+    call_failed(p, ErrorKind::kTimeout);
+    p.future->setErrorIfNeeded(std::make_exception_ptr(
+        Error(ErrorKind::kTimeout, "rpc " + p.what.text() + " to " + workers_[p.dst].name + " timed out after " +
+                                       std::to_string(p.timeout.count()) + " ms")));
   }
 
-  // --- deadlines -------------------------------------------------------------------------
-  void erase_deadline(Clock::time_point deadline, int64_t id) {
-    auto range = deadlines_.equal_range(deadline);
-    for (auto it = range.first; it != range.second; ++it) {
-      if (it->second == id) {
-        deadlines_.erase(it);
-        return;
-      }
-    }
-  }
-
-  void timer_loop() {
-    ScopedLogTag tag(&log_tag_);
-    set_current_thread_name("timer");
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stopped_) {
-      if (deadlines_.empty()) {
-        timer_wakes_at_ = Clock::time_point::max();
-        timer_cv_.wait(lock);
-        timer_wakes_at_ = Clock::time_point::min();
-        continue;
-      }
-      const auto next = deadlines_.begin()->first;
-      if (Clock::now() < next) {
-        timer_wakes_at_ = next;
-        timer_cv_.wait_until(lock, next);
-        timer_wakes_at_ = Clock::time_point::min();
-        continue;
-      }
-      const int64_t id = deadlines_.begin()->second;
-      deadlines_.erase(deadlines_.begin());
-      VLOG(2) << "deadline of call " << id << " passed";
-      auto it = pending_.find(id);
-      if (it == pending_.end()) continue;
-      Pending p = std::move(it->second);
-      pending_.erase(it);
-      lock.unlock();
-      idle_cv_.notify_all();
-      call_failed(p, ErrorKind::kTimeout);
-      p.future->setErrorIfNeeded(std::make_exception_ptr(
-          Error(ErrorKind::kTimeout, "rpc " + p.what.text() + " to " + workers_[p.dst].name + " timed out after " +
-                                         std::to_string(p.timeout.count()) + " ms")));
-      lock.lock();
-    }
+  // Wakes a join waiting for the job to go quiet. Takes mu_ first: pending_ changes
+  // outside it, and a join that just found calls pending must be waiting when woken.
+  void notify_idle() {
+    { std::lock_guard<std::mutex> lock(mu_); }
+    idle_cv_.notify_all();
   }
 
   void fail_pending(int64_t id, std::exception_ptr error) {
-    Pending p;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = pending_.find(id);
-      if (it == pending_.end()) return;
-      p = std::move(it->second);
-      pending_.erase(it);
-      if (p.deadline != Clock::time_point::max()) erase_deadline(p.deadline, id);
-    }
-    idle_cv_.notify_all();
+    std::optional<PendingCall> taken = pending_.take(id);
+    if (!taken) return;
+    PendingCall& p = *taken;
+    notify_idle();
     std::string why;
     try {
       std::rethrow_exception(error);
@@ -805,10 +653,11 @@ class ProcessGroupAgent final : public RpcAgent {
     }
     call_failed(p, ErrorKind::kPeerUnavailable);
     p.future->setErrorIfNeeded(std::make_exception_ptr(
-        Error(ErrorKind::kPeerUnavailable, "rpc " + p.what.text() + " to " + workers_[p.dst].name + " could not be sent: " + why)));
+        Error(ErrorKind::kPeerUnavailable,
+              "rpc " + p.what.text() + " to " + workers_[p.dst].name + " could not be sent: " + why)));
   }
 
-  MessagePort& group_;  // the process group's message port
+  MessagePort& port_;  // the process group's message port
   const std::vector<WorkerInfo> workers_;
   const AgentOptions options_;
   WorkerInfo self_;
@@ -820,36 +669,27 @@ class ProcessGroupAgent final : public RpcAgent {
   std::vector<Interceptor> interceptors_;     // set before start()
   std::vector<PeerFailureListener> peer_failure_listeners_;  // guarded by mu_
   std::atomic<int64_t> next_id_{1};
-  std::thread timer_;
-  std::vector<std::thread> pool_;
 
   std::atomic<int64_t> default_timeout_ms_;
 
   std::mutex mu_;
-  std::condition_variable pool_cv_;
-  std::condition_variable timer_cv_;
   std::condition_variable idle_cv_;
   // Guarded by mu_.
   bool starting_ = false;
   bool started_ = false;  // every held message has been served
   bool shutting_down_ = false;
   bool stopped_ = false;
-  std::map<int64_t, Pending> pending_;
-  std::multimap<Clock::time_point, int64_t> deadlines_;
-  // When the timer thread wakes next unless notified (max: only when notified; min: it is
-  // awake and will look at deadlines_ before it sleeps again). Guarded by mu_.
-  Clock::time_point timer_wakes_at_ = Clock::time_point::min();
-  std::deque<std::function<void()>> queue_;
   std::deque<std::pair<int, PgMessage>> held_;
   int64_t processing_ = 0;
-  std::vector<int64_t> sent_to_;        // requests sent, by rank (not to oneself)
-  std::vector<int64_t> answered_from_;  // requests answered, by rank (not from oneself)
-  std::vector<bool> dead_;              // peers known gone
   std::map<int, std::string> gone_reason_;  // guarded by mu_: why each dead peer is gone
-  int64_t join_generation_ = 0;         // calls of join() so far
-  int64_t join_done_generation_ = 0;    // the last join the leader declared done
-  std::map<int64_t, int64_t> join_retry_;  // generation -> round a verdict asked for
-  JoinLeader join_leader_;                 // the joins this worker led or leads
+  JoinFollower join_;                       // guarded by mu_: counts, the dead, the joins
+
+  // The calls awaiting replies, with their deadlines (its own lock; taken inside mu_,
+  // never around it). Its deadline callbacks use the members above; closed by shutdown().
+  PendingCalls pending_;
+  // The handler threads, which serve requests with the members above; stopped and joined
+  // by shutdown().
+  HandlerPool pool_;
 
   // Last: its threads run callbacks that use the members above; destroyed (closed) first.
   CallbackPool callbacks_;
@@ -857,9 +697,9 @@ class ProcessGroupAgent final : public RpcAgent {
 
 }  // namespace
 
-std::unique_ptr<RpcAgent> create_process_group_agent(MessagePort& group, std::vector<WorkerInfo> workers,
-                                                     const AgentOptions& options) {
-  return std::make_unique<ProcessGroupAgent>(group, std::move(workers), options);
+std::unique_ptr<RpcAgent> create_process_group_agent(MessagePort& port, Executor& executor,
+                                                     std::vector<WorkerInfo> workers, const AgentOptions& options) {
+  return std::make_unique<ProcessGroupAgent>(port, executor, std::move(workers), options);
 }
 
 }  // namespace drpc

@@ -12,6 +12,7 @@
 #include <thread>
 #include <tuple>
 
+#include "common/executor.h"
 #include "process_group/in_memory_process_group.h"
 #include "rpc/metrics.h"
 #include "rpc/profiler.h"
@@ -27,13 +28,16 @@ struct Agents {
   explicit Agents(int n, AgentOptions options = {}) : groups(create_in_memory_process_groups(n)) {
     std::vector<WorkerInfo> workers;
     for (int r = 0; r < n; ++r) workers.push_back(WorkerInfo{"w" + std::to_string(r), r});
-    for (int r = 0; r < n; ++r) agents.push_back(create_process_group_agent(*groups[r].messages, workers, options));
+    for (int r = 0; r < n; ++r) executors.push_back(create_thread_executor("[w" + std::to_string(r) + "]"));
+    for (int r = 0; r < n; ++r)
+      agents.push_back(create_process_group_agent(*groups[r].messages, *executors[r], workers, options));
   }
   ~Agents() {
     for (auto& a : agents) a->shutdown(false);
   }
   RpcAgent& operator[](int r) { return *agents[r]; }
   std::vector<GroupEndpoints> groups;
+  std::vector<std::unique_ptr<Executor>> executors;  // outlive the agents
   std::vector<std::unique_ptr<RpcAgent>> agents;
 };
 
@@ -88,7 +92,8 @@ TEST(ProcessGroupAgent, RepliesMatchTheirRequests) {
   }
   std::vector<FuturePtr> futures;
   for (int i = 0; i < 100; ++i) {
-    futures.push_back(agents[i % 2].send(agents[0].worker(1 - i % 2), Message{kEcho, "ab" + std::to_string(i), {at::full({1}, i)}},
+    futures.push_back(agents[i % 2].send(agents[0].worker(1 - i % 2),
+                                         Message{kEcho, "ab" + std::to_string(i), {at::full({1}, i)}},
                                          milliseconds(5000), "echo"));
   }
   for (int i = 0; i < 100; ++i) {

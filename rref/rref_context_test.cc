@@ -37,9 +37,8 @@ class RRefControlTest : public ::testing::Test {
         future->markCompleted(c10::IValue(args.at(0).toTensor() * 2));
         return future;
       };
-      auto apply = [](const c10::IValue&, const std::string&, std::vector<c10::IValue>, Kwargs, const Extensions&) -> FuturePtr {
-        throw Error(ErrorKind::kBadArgument, "no methods here");
-      };
+      auto apply = [](const c10::IValue&, const std::string&, std::vector<c10::IValue>, Kwargs,
+                      const Extensions&) -> FuturePtr { throw Error(ErrorKind::kBadArgument, "no methods here"); };
       contexts_[r] = create_rref_context(agents_[r], executors_[r], run, apply, options);
     }
     // Counts the deletes that really leave worker0 (a dropped one never reaches its agent).

@@ -106,7 +106,8 @@ void callee_killed() {
   ErrorKind kind = ErrorKind::kInternal;
   while (first_error.empty()) {
     while (window.size() < 8) {
-      window.push_back(rpc_async(name(1), "chaos.count_then_die", {at::full({2}, double(ok))}, {}, milliseconds(60000)));
+      window.push_back(
+          rpc_async(name(1), "chaos.count_then_die", {at::full({2}, double(ok))}, {}, milliseconds(60000)));
     }
     FuturePtr f = window.front();
     window.pop_front();
@@ -341,11 +342,12 @@ int main(int argc, char** argv) {
         faults.max_random_delay[type] = milliseconds(30);
       }
       faults.seed = 1000 + FLAGS_rank;
-      register_backend("faulty", [faults](MessagePort& port, std::vector<WorkerInfo> workers, const Options& o) {
+      register_backend("faulty", [faults](MessagePort& port, Executor& executor, std::vector<WorkerInfo> workers,
+                                          const Options& o) {
         AgentOptions agent;
         agent.num_threads = o.num_worker_threads;
         agent.default_timeout = o.rpc_timeout;
-        return create_faulty_agent(create_process_group_agent(port, std::move(workers), agent), faults);
+        return create_faulty_agent(create_process_group_agent(port, executor, std::move(workers), agent), faults);
       });
       options.backend = "faulty";
     }

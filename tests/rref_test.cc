@@ -398,11 +398,12 @@ TEST(RRefFaults, DroppedAndDelayedControlMessagesAreRetried) {
   faults.drop[kRRefChildAccept] = 2;
   faults.delay[kRRefUserDelete] = milliseconds(100);
   faults.delay[kRRefChildAccept] = milliseconds(50);
-  register_backend("faulty_rref", [faults](MessagePort& port, std::vector<WorkerInfo> workers, const Options& o) {
+  register_backend("faulty_rref", [faults](MessagePort& port, Executor& executor, std::vector<WorkerInfo> workers,
+                                           const Options& o) {
     AgentOptions agent;
     agent.num_threads = o.num_worker_threads;
     agent.default_timeout = o.rpc_timeout;
-    return create_faulty_agent(create_process_group_agent(port, std::move(workers), agent), faults);
+    return create_faulty_agent(create_process_group_agent(port, executor, std::move(workers), agent), faults);
   });
   Options options;
   options.backend = "faulty_rref";

@@ -355,7 +355,8 @@ std::vector<ConformanceCase> make_cases(int64_t large_bytes) {
                      std::vector<WorkPtr> sent;
                      for (int round = 0; round < 5; ++round) {
                        for (int peer = 0; peer < g.size(); ++peer) {
-                         if (peer != g.rank()) sent.push_back(port.send_message(peer, PgMessage{"interleaved", {at::ones({3})}}));
+                         if (peer != g.rank())
+                           sent.push_back(port.send_message(peer, PgMessage{"interleaved", {at::ones({3})}}));
                        }
                        at::Tensor t = rank_values(g.rank(), 17, at::kFloat);
                        g.allreduce(t, ReduceOp::kSum)->wait();
