@@ -84,8 +84,9 @@ class ContextImpl final : public RRefContext, public HandleHost, public std::ena
   c10::intrusive_ptr<OwnerRRef> find_owner(const Id& id);
   c10::intrusive_ptr<OwnerRRef> get_or_create_owner(const Id& id, const WorkerInfo& from);
   c10::intrusive_ptr<OwnerRRef> owner_for_remote_call(const Id& id, const WorkerInfo& from);
-  // The value of owned `rref`, `owner`, is kept alive for the forks the ledger records.
-  void keep_locked(const Id& rref, const c10::intrusive_ptr<OwnerRRef>& owner);
+  // `holder` has fork `fork` of `owner`, a value owned here: the ledger records it and the
+  // value is kept alive until every fork is deleted.
+  void add_fork_locked(const c10::intrusive_ptr<OwnerRRef>& owner, const Id& fork, int holder);
   // Carries out a ledger event's effects: sends its controls now, collects what to
   // release and complete once the lock is gone.
   Outcome apply_locked(Effects effects);

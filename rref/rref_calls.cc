@@ -156,8 +156,7 @@ FuturePtr ContextImpl::on_remote_call(const WorkerInfo& from, Message m) {
   }
   if (call.has_fork()) {
     std::lock_guard<std::mutex> lock(mu_);
-    keep_locked(rref, owner);
-    ledger_.add_fork(rref, from_proto(call.fork()), from.id);
+    add_fork_locked(owner, from_proto(call.fork()), from.id);
   }
   std::vector<c10::IValue> args;
   Kwargs kwargs;

@@ -125,7 +125,10 @@ void ContextImpl::finish(Outcome outcome, std::exception_ptr error) {
   outcome.released.clear();  // values and references freed here, outside the lock
 }
 
-void ContextImpl::keep_locked(const Id& rref, const c10::intrusive_ptr<OwnerRRef>& owner) { kept_[rref] = owner; }
+void ContextImpl::add_fork_locked(const c10::intrusive_ptr<OwnerRRef>& owner, const Id& fork, int holder) {
+  kept_[owner->id()] = owner;
+  ledger_.add_fork(owner->id(), fork, holder);
+}
 
 void ContextImpl::confirmed(const Id& fork, std::exception_ptr error) {
   Outcome outcome;
@@ -283,8 +286,7 @@ rref::ForkData ContextImpl::fork(const c10::intrusive_ptr<RRefImpl>& impl, int p
       const Id fork = next_id();
       to_proto(fork, data.mutable_fork());
       std::lock_guard<std::mutex> lock(mu_);
-      keep_locked(owner->id(), owner);  // the owner shares: the fork is known at once
-      ledger_.add_fork(owner->id(), fork, peer);
+      add_fork_locked(owner, fork, peer);  // the owner shares: the fork is known at once
     }
     return data;
   }
@@ -345,8 +347,7 @@ FuturePtr ContextImpl::on_fork_request(const WorkerInfo& from, Message m) {
   const Id rref = from_proto(control.rref());
   auto owner = get_or_create_owner(rref, from);
   std::lock_guard<std::mutex> lock(mu_);
-  keep_locked(rref, owner);
-  ledger_.add_fork(rref, from_proto(control.fork()), from.id);  // idempotent
+  add_fork_locked(owner, from_proto(control.fork()), from.id);  // idempotent
   return completed_message(Message{kRRefForkRequest, "", {}});
 }
 
@@ -456,7 +457,7 @@ c10::intrusive_ptr<OwnerRRef> ContextImpl::get_or_create_owner(const Id& id, con
       break;
   }
   all_owners_.insert_or_assign(id, c10::weak_intrusive_ptr<OwnerRRef>(candidate));
-  keep_locked(id, candidate);  // held until its forks are deleted
+  kept_[id] = candidate;  // held until its forks are deleted
   ledger_.add_placeholder(id);
   return candidate;
 }
