@@ -36,6 +36,12 @@ TraceEvent from_proto(const rpc::Span& s, int64_t shift) {
 
 }  // namespace
 
+std::shared_ptr<CallTrace> begin_call_trace(std::shared_ptr<TraceCollector> collector, int64_t start_ns,
+                                            std::string what) {
+  return std::make_shared<CallTrace>(CallTrace{std::move(collector), start_ns, steady_now_ns(), current_thread_id(),
+                                               current_thread_name(), std::move(what)});
+}
+
 void record_call_spans(Tracer& tracer, const CallTrace& t, int self, const std::string& peer,
                        const rpc::Profile* profile, int64_t end_ns, const char* error) {
   const uint64_t id = tracer.new_span_id(self);

@@ -26,6 +26,11 @@ struct CallTrace {
   std::string what;
 };
 
+// The record of a profiled call sent from this thread, begun at `start_ns` and handed to
+// the transport now.
+std::shared_ptr<CallTrace> begin_call_trace(std::shared_ptr<TraceCollector> collector, int64_t start_ns,
+                                            std::string what);
+
 // A profiled request, as its callee records it.
 struct ServeTrace {
   ServeTrace(std::string what, uint64_t execute_id)

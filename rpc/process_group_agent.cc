@@ -1,68 +1,35 @@
-// The agent's dispatch: messages in from the process group go to the pending call they
-// answer (rpc/pending_calls.h), to the join (rpc/join_follower.h) or, as requests, to their
-// handler on the handler threads (rpc/handler_pool.h); calls and replies go out the same
-// way, through the interceptors, metrics and traces (rpc/call_tracing.h).
+// The agent's matching and dispatch: messages in from the process group go to the call
+// they answer (rpc/pending_calls.h; rpc/call_endings.h completes it), to the join
+// (rpc/join_follower.h) or, as requests, to the request server (rpc/request_server.h);
+// calls and replies leave through the interceptors, metrics and the wire format
+// (rpc/envelope.h). The agent owns the lifecycle: start, join, shutdown, peer failures.
 
 #include "rpc/process_group_agent.h"
 
-#include <ATen/ops/tensor.h>
 #include <glog/logging.h>
 
 #include <condition_variable>
 #include <deque>
 #include <map>
-#include <set>
 #include <mutex>
 
 #include "common/callback_pool.h"
 #include "common/executor.h"
-#include "common/error_wire.h"
 #include "common/logging.h"
 #include "rpc/metrics.h"
-#include "rpc/call_tracing.h"
-#include "rpc/handler_pool.h"
+#include "rpc/call_endings.h"
+#include "rpc/envelope.h"
+#include "rpc/interceptor_chain.h"
 #include "rpc/join_follower.h"
 #include "rpc/pending_calls.h"
+#include "rpc/request_server.h"
 #include "rpc/profiler.h"
-#include "rpc/proto/rpc.pb.h"
 
 namespace drpc {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-// Upper layers' headers travel opaquely in the envelope.
-void put_extensions(const Message& m, rpc::Envelope* e) {
-  for (const auto& [id, bytes] : m.extensions) (*e->mutable_extensions())[id] = bytes;
-}
-
-void take_extensions(rpc::Envelope& e, Message* m) {
-  for (auto& [id, bytes] : *e.mutable_extensions()) m->extensions.emplace(id, std::move(bytes));
-}
-
-// An exception as an error reply: drpc's Errors keep their kind, anything else is kRemote.
-void put_error(const std::exception_ptr& error, rpc::Envelope* e) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const Error& err) {
-    e->set_error_kind(to_wire(err.kind()));
-    e->set_error(err.message());
-  } catch (const std::exception& err) {
-    e->set_error_kind(to_wire(ErrorKind::kRemote));
-    e->set_error(err.what());
-  }
-}
-
-int64_t tensor_bytes(const std::vector<at::Tensor>& tensors) {
-  int64_t n = 0;
-  for (const auto& t : tensors) n += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
-  return n;
-}
-
-ErrorKind kind_of(const rpc::Envelope& e) {
-  return from_wire(e.error_kind());
-}
 
 class ProcessGroupAgent final : public RpcAgent {
  public:
@@ -74,11 +41,17 @@ class ProcessGroupAgent final : public RpcAgent {
         default_timeout_ms_(options.default_timeout.count()),
         join_(port.rank(), static_cast<int>(workers_.size())),
         pending_(executor, [this](int64_t id, PendingCall p) { on_deadline(id, std::move(p)); }),
-        pool_([this](int index, const HandlerPool::Task& serve) {
-          ScopedLogTag tag(&log_tag_);
-          set_current_thread_name("handler " + std::to_string(index));
-          serve();
-        }),
+        endings_(workers_, port.rank()),
+        server_(
+            workers_, port.rank(),
+            [this](int index, const HandlerPool::Task& serve) {
+              ScopedLogTag tag(&log_tag_);
+              set_current_thread_name("handler " + std::to_string(index));
+              serve();
+            },
+            [this](int source, int64_t id, rpc::Envelope envelope, Message reply) {
+              send_reply(source, id, std::move(envelope), std::move(reply));
+            }),
         callbacks_([this](const std::function<void()>& serve) {
           ScopedLogTag tag(&log_tag_);
           set_current_thread_name("callback");
@@ -124,29 +97,28 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   void register_handler(int32_t type, Handler handler, bool run_inline) override {
-    handlers_[type] = std::move(handler);
-    if (run_inline) inline_types_.insert(type);
+    server_.register_handler(type, std::move(handler), run_inline);
   }
-  void add_interceptor(Interceptor interceptor) override { interceptors_.push_back(std::move(interceptor)); }
+  void add_interceptor(Interceptor interceptor) override { interceptors_.add(std::move(interceptor)); }
   void set_instruments(Metrics* metrics, Tracer* tracer) override {
     if (metrics_) metrics_->set_gauge_source(nullptr);
     metrics_ = metrics;
     tracer_ = tracer;
+    endings_.set_instruments(metrics, tracer);
+    server_.set_instruments(metrics, tracer);
     if (!metrics_) return;
     metrics_->set_gauge_source([this](MetricsSnapshot& s) {
       std::lock_guard<std::mutex> lock(mu_);
       s.in_flight_sent = static_cast<int64_t>(pending_.size());
       s.in_flight_received = processing_;
-      s.handler_queue = static_cast<int64_t>(pool_.queued());
+      s.handler_queue = static_cast<int64_t>(server_.pool().queued());
       for (auto& peer : s.peers) {
-        const std::vector<bool>& dead = join_.dead();
-        if (peer.rank < 0 || peer.rank >= static_cast<int>(dead.size()) || !dead[peer.rank]) continue;
+        auto gone = gone_reason_.find(peer.rank);  // the peers join_ counts dead
+        if (gone == gone_reason_.end()) continue;
         peer.alive = false;
-        auto it = gone_reason_.find(peer.rank);
-        if (it != gone_reason_.end()) peer.reason = it->second;
-        // The transport's reason for a peer that said goodbye (grpc_transport.cc, lost()).
-        const std::string goodbye = "rank " + std::to_string(peer.rank) + " shut down";
-        peer.left = peer.reason.find(goodbye) != std::string::npos;
+        peer.reason = gone->second;
+        // The transport's reason for a peer that said goodbye (process_group/connection_protocol.cc, lose()).
+        peer.left = peer.reason.find("rank " + std::to_string(peer.rank) + " shut down") != std::string::npos;
       }
       const auto now = steady_now_ns();
       pending_.visit_oldest(MetricsSnapshot::kMaxCallsListed, [&](const PendingCall& p) {
@@ -164,9 +136,7 @@ class ProcessGroupAgent final : public RpcAgent {
     const WorkerInfo dst = worker(to.id);
     std::shared_ptr<TraceCollector> collector;
     if (tracer_ && tracer_->active()) collector = tracer_->collector_for_send();
-    for (auto& i : interceptors_) {
-      if (i.on_send) i.on_send(dst, request);
-    }
+    interceptors_.on_send(dst, request);
     const std::string label = function_label(what.function);
     Metrics::Function* fn = metrics_ ? metrics_->function(label) : nullptr;
     auto future = make_message_future();
@@ -176,21 +146,10 @@ class ProcessGroupAgent final : public RpcAgent {
     std::string header;
     int64_t wire_bytes = 0;
     if (dst.id != self_.id) {
-      rpc::Envelope envelope;
-      envelope.set_type(request.type);
-      envelope.set_id(id);
-      envelope.set_what(label);
-      if (collector) envelope.set_profile(true);
-      put_extensions(request, &envelope);
-      envelope.set_payload(std::move(request.payload));
-      header = envelope.SerializeAsString();
+      header = encode_request(id, label, collector != nullptr, request);
       wire_bytes = static_cast<int64_t>(header.size()) + tensor_bytes(request.tensors);
     }
-    std::shared_ptr<CallTrace> trace;
-    if (collector) {
-      trace = std::make_shared<CallTrace>(
-          CallTrace{collector, start_ns, steady_now_ns(), current_thread_id(), current_thread_name(), label});
-    }
+    std::shared_ptr<CallTrace> trace = collector ? begin_call_trace(collector, start_ns, label) : nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) throw Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " is shut down");
@@ -213,15 +172,11 @@ class ProcessGroupAgent final : public RpcAgent {
     VLOG(1) << "call " << id << " to " << dst.name << ": " << label << " (type " << request.type << ", "
             << wire_bytes << " bytes" << (collector ? ", profiled" : "") << ")";
     if (dst.id == self_.id) {
-      // A call to oneself skips the network but not the handler pool.
-      Served served{fn, steady_now_ns(),
-                    collector ? std::make_shared<ServeTrace>(label, tracer_->new_span_id(self_.id)) : nullptr};
-      if (metrics_) metrics_->call_received(fn, self_.id);
-      // Nor the interceptors: they see it arrive as they saw it leave.
-      for (auto& i : interceptors_) {
-        if (i.on_receive) i.on_receive(self_, request);
-      }
-      schedule_request(self_.id, id, std::move(request), std::move(served));
+      // A call to oneself skips the network but not the handler pool, nor the interceptors:
+      // they see it arrive as they saw it leave.
+      interceptors_.on_receive(self_, request);
+      schedule_request(server_.receive(self_.id, id, label, collector != nullptr, std::move(request), nullptr,
+                                       steady_now_ns()));
       return future;
     }
     try {
@@ -235,13 +190,8 @@ class ProcessGroupAgent final : public RpcAgent {
     return future;
   }
 
-  void run_on_pool(std::function<void()> task) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopped_) return;
-    }
-    pool_.post(std::move(task));  // refused once shutdown() stopped the pool
-  }
+  // Refused once shutdown() stopped the pool (which also drops what is queued then).
+  void run_on_pool(std::function<void()> task) override { server_.pool().post(std::move(task)); }
 
   using RpcAgent::join;
   void run_callback(std::function<void()> task) override { callbacks_.run(std::move(task)); }
@@ -252,7 +202,7 @@ class ProcessGroupAgent final : public RpcAgent {
       if (starting_) return;
       starting_ = true;
     }
-    pool_.start(options_.num_threads);
+    server_.pool().start(options_.num_threads);
     // Messages keep arriving while the held ones are served: they queue behind them until
     // none is left, so each peer's messages are served in the order it sent them. Served on
     // this (the caller's) thread, they log as this worker's, like the network threads'.
@@ -318,29 +268,16 @@ class ProcessGroupAgent final : public RpcAgent {
       std::lock_guard<std::mutex> lock(mu_);
       stopped_ = true;
     }
-    pool_.stop();  // queued requests are dropped; running ones finish
+    server_.pool().stop();  // queued requests are dropped; running ones finish
     // Outside mu_: it waits for deadline callbacks in progress, which take mu_.
     std::vector<PendingCall> pending = pending_.close();
     idle_cv_.notify_all();
-    auto error = std::make_exception_ptr(
-        Error(ErrorKind::kShutdown, "the RPC agent of " + self_.name + " shut down before a reply came"));
-    for (auto& p : pending) {
-      call_failed(p, ErrorKind::kShutdown);
-      p.future->setErrorIfNeeded(error);
-    }
-    pool_.join();  // after failing the calls: a handler may be waiting on one
+    for (auto& p : pending) endings_.shut_down(p);
+    server_.pool().join();  // after failing the calls: a handler may be waiting on one
     callbacks_.close();  // runs what the failed calls queued
   }
 
  private:
-  // What the agent keeps about a request it serves.
-  struct Served {
-    Metrics::Function* fn = nullptr;
-    int64_t arrival_ns = 0;
-    std::shared_ptr<ServeTrace> trace;  // profiled requests only
-    std::exception_ptr refused;         // an interceptor refused the request: the answer
-  };
-
   // --- network threads -----------------------------------------------------------------
   void on_message(int source, PgMessage raw) {
     name_current_thread_if_unnamed("network");
@@ -377,31 +314,19 @@ class ProcessGroupAgent final : public RpcAgent {
       return;
     }
     if (metrics_) metrics_->bytes_received(source, bytes);
-    Message message{envelope.type(), std::move(*envelope.mutable_payload()), std::move(raw.tensors)};
-    take_extensions(envelope, &message);
+    Message message = take_message(envelope, std::move(raw.tensors));
     // An interceptor refuses what it cannot read (a peer's malformed extension): the
     // request is answered with its error, a reply fails its call with it.
     std::exception_ptr refused;
     try {
-      for (auto& i : interceptors_) {
-        if (i.on_receive) i.on_receive(workers_[source], message);
-      }
+      interceptors_.on_receive(workers_[source], message);
     } catch (...) {
       refused = std::current_exception();
     }
     if (refused && envelope.is_response()) put_error(refused, &envelope);
     if (!envelope.is_response()) {
-      // The caller's label, bounded again: a peer's bytes are not to be trusted.
-      const std::string label = function_label(envelope.what());
-      Served served{metrics_ ? metrics_->function(label) : nullptr, arrival_ns,
-                    envelope.profile() && tracer_
-                        ? std::make_shared<ServeTrace>(label, tracer_->new_span_id(self_.id))
-                        : nullptr,
-                    refused};
-      if (metrics_) metrics_->call_received(served.fn, source);
-      VLOG(1) << "request " << envelope.id() << " from " << workers_[source].name << ": " << label
-              << " (type " << envelope.type() << (served.trace ? ", profiled" : "") << ")";
-      schedule_request(source, envelope.id(), std::move(message), std::move(served));
+      schedule_request(server_.receive(source, envelope.id(), envelope.what(), envelope.profile(), std::move(message),
+                                       refused, arrival_ns));
       return;
     }
     std::optional<PendingCall> pending = pending_.take(envelope.id());
@@ -410,40 +335,7 @@ class ProcessGroupAgent final : public RpcAgent {
       return;
     }
     notify_idle();
-    finish_call(*pending, envelope, std::move(message), arrival_ns);
-  }
-
-  // A reply (or an error reply) arrived at `receipt_ns` for `p`.
-  void finish_call(PendingCall& p, const rpc::Envelope& envelope, Message message, int64_t receipt_ns) {
-    const bool failed = envelope.error_kind() != 0;
-    VLOG(1) << "reply " << envelope.id() << " from " << workers_[p.dst].name << " after "
-            << (receipt_ns - p.start_ns) / 1000 << " us" << (failed ? " (error)" : "");
-    if (metrics_ && p.fn) {
-      metrics_->reply_received(p.fn, std::chrono::nanoseconds(receipt_ns - p.start_ns));
-      if (failed) metrics_->error(true, kind_of(envelope));
-    }
-    if (p.trace) {
-      record_call(p, envelope.has_profile_spans() ? &envelope.profile_spans() : nullptr, receipt_ns,
-                  failed ? error_kind_name(kind_of(envelope)) : nullptr);
-    }
-    if (failed) {
-      p.future->setErrorIfNeeded(std::make_exception_ptr(Error(
-          kind_of(envelope), "rpc " + p.what.text() + " on " + workers_[p.dst].name + " failed: " + envelope.error())));
-    } else {
-      p.future->markCompleted(message_to_ivalue(std::move(message)));
-    }
-  }
-
-  // A call that ends without a reply (deadline, peer gone, shutdown).
-  void call_failed(PendingCall& p, ErrorKind kind) {
-    if (metrics_ && p.fn) metrics_->error(true, kind);
-    VLOG(1) << "call to " << workers_[p.dst].name << " (" << p.what.text() << ") failed: " << error_kind_name(kind);
-    if (p.trace) record_call(p, nullptr, steady_now_ns(), error_kind_name(kind));
-  }
-
-  // The caller's spans of a profiled call, with the callee's (`profile`, if it answered).
-  void record_call(const PendingCall& p, const rpc::Profile* profile, int64_t end_ns, const char* error) {
-    record_call_spans(*tracer_, *p.trace, self_.id, workers_[p.dst].name, profile, end_ns, error);
+    endings_.replied(*pending, envelope, std::move(message), arrival_ns);
   }
 
   void on_peer_failed(int rank, const Error& reason) {
@@ -463,12 +355,7 @@ class ProcessGroupAgent final : public RpcAgent {
     send_all(std::move(outbox));
     // Listeners first: whoever sees a call fail then also sees the layers' cleanup done.
     for (const auto& listener : listeners) listener(workers_[rank], reason);
-    for (auto& p : failed) {
-      call_failed(p, ErrorKind::kPeerUnavailable);
-      p.future->setErrorIfNeeded(std::make_exception_ptr(
-          Error(ErrorKind::kPeerUnavailable, "rpc " + p.what.text() + " to " + workers_[rank].name + " failed: " +
-                                                 workers_[rank].name + " is unavailable (" + reason.message() + ")")));
-    }
+    for (auto& p : failed) endings_.peer_gone(p, reason.message());
   }
 
   // --- the job-wide join ----------------------------------------------------------------
@@ -476,11 +363,8 @@ class ProcessGroupAgent final : public RpcAgent {
   // in nobody's totals (nor in the byte metrics).
   void send_all(std::vector<JoinMessage> outbox) {
     for (auto& out : outbox) {
-      rpc::Envelope envelope;
-      envelope.set_type(out.type);
-      envelope.set_payload(std::move(out.payload));
       try {
-        port_.send_message(out.dst, PgMessage{envelope.SerializeAsString(), {}});
+        port_.send_message(out.dst, PgMessage{encode_control(out.type, std::move(out.payload)), {}});
       } catch (const Error& e) {
         VLOG(1) << "join message to " << workers_[out.dst].name << " not sent: " << e.what();  // it is gone
       }
@@ -502,102 +386,27 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   // --- handler threads -----------------------------------------------------------------
-  void schedule_request(int source, int64_t id, Message request, Served served) {
-    const bool run_inline = inline_types_.count(request.type) > 0;
+  void schedule_request(RequestServer::Request request) {
+    const int source = request.source;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
       ++processing_;
     }
-    if (run_inline) {
-      serve(source, id, std::move(request), std::move(served));
-      return;
-    }
-    pool_.post([this, source, id, request = std::move(request), served = std::move(served)]() mutable {
-      serve(source, id, std::move(request), std::move(served));
-    });
+    if (!server_.serve(std::move(request))) request_done(source);  // the pool stopped: dropped
   }
 
-  void serve(int source, int64_t id, Message request, Served served) {
-    // The reply starts with the request's extensions (rpc/message.h).
-    Extensions request_extensions = request.extensions;
-    if (served.trace) {
-      served.trace->start_ns = steady_now_ns();
-      served.trace->tid = current_thread_id();
-      served.trace->thread = current_thread_name();
-    }
-    FuturePtr reply;
-    auto handler = handlers_.find(request.type);
-    if (served.refused) {
-      reply = make_message_future();
-      reply->setError(served.refused);
-    } else if (handler == handlers_.end()) {
-      reply = make_message_future();
-      reply->setError(std::make_exception_ptr(Error(
-          ErrorKind::kBadArgument, self_.name + " has no handler for message type " + std::to_string(request.type))));
-    } else {
-      // Calls the handler makes on this thread belong to a profiled request's trace.
-      Tracer::Scope scope(tracer_, served.trace ? served.trace->collector : nullptr);
-      try {
-        reply = handler->second(workers_[source], std::move(request));
-      } catch (...) {
-        reply = make_message_future();
-        reply->setError(std::current_exception());
-      }
-    }
-    // The reply goes out when the future completes, whichever thread completes it.
-    reply->addCallback([this, source, id, request_extensions = std::move(request_extensions),
-                        served = std::move(served)](c10::ivalue::Future& done) {
-      answer(source, id, done, request_extensions, served);
-    });
-  }
-
-  // The reply carries the request's extensions that it does not set itself (so it belongs
-  // to the request's autograd context, say), whichever thread sends it.
-  void answer(int source, int64_t id, c10::ivalue::Future& done, const Extensions& request_extensions,
-              const Served& served) {
-    const int64_t reply_ns = steady_now_ns();
-    rpc::Envelope envelope;
-    envelope.set_id(id);
-    envelope.set_is_response(true);
-    Message reply;
-    if (done.hasError()) {
-      put_error(done.exception_ptr(), &envelope);
-    } else {
-      try {
-        reply = message_from_ivalue(done.value());
-        envelope.set_type(reply.type);
-        reply.extensions.insert(request_extensions.begin(), request_extensions.end());  // keeps its own
-      } catch (const Error& e) {  // the handler's bug, told to its caller
-        envelope.set_error_kind(to_wire(e.kind()));
-        envelope.set_error(e.message());
-      }
-    }
-    if (metrics_ && served.fn) {
-      metrics_->request_served(served.fn, std::chrono::nanoseconds(reply_ns - served.arrival_ns));
-      if (envelope.error_kind() != 0) metrics_->error(false, kind_of(envelope));
-    }
-    VLOG(1) << "answering " << id << " from " << workers_[source].name << " after "
-            << (reply_ns - served.arrival_ns) / 1000 << " us" << (envelope.error_kind() != 0 ? " (error)" : "");
-    if (served.trace) {
-      add_served_spans(*tracer_, *served.trace, self_.id, workers_[source].name, served.arrival_ns, reply_ns,
-                       envelope.error_kind() != 0 ? error_kind_name(kind_of(envelope)) : nullptr,
-                       envelope.mutable_profile_spans());
-    }
-    for (auto& i : interceptors_) {
-      if (i.on_send) i.on_send(workers_[source], reply);
-    }
+  // Sends the reply to a request (or, to oneself, delivers it), through the interceptors.
+  void send_reply(int source, int64_t id, rpc::Envelope envelope, Message reply) {
+    interceptors_.on_send(workers_[source], reply);
     if (source == self_.id) {
       // A reply to oneself skips the network, not the interceptors.
-      for (auto& i : interceptors_) {
-        if (i.on_receive) i.on_receive(self_, reply);
-      }
-      deliver_local_reply(id, envelope, std::move(reply));
+      interceptors_.on_receive(self_, reply);
+      std::optional<PendingCall> pending = pending_.take(id);
+      if (pending) endings_.replied(*pending, envelope, std::move(reply), steady_now_ns());
     } else {
-      put_extensions(reply, &envelope);
-      envelope.set_payload(std::move(reply.payload));
       try {
-        std::string header = envelope.SerializeAsString();
+        std::string header = encode_with(envelope, reply);
         if (metrics_) {
           metrics_->bytes_sent(source, static_cast<int64_t>(header.size()) + tensor_bytes(reply.tensors));
         }
@@ -606,6 +415,10 @@ class ProcessGroupAgent final : public RpcAgent {
         LOG(WARNING) << self_.name << ": cannot answer " << workers_[source].name << ": " << e.what();
       }
     }
+    request_done(source);
+  }
+
+  void request_done(int source) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       --processing_;
@@ -614,23 +427,13 @@ class ProcessGroupAgent final : public RpcAgent {
     idle_cv_.notify_all();
   }
 
-  void deliver_local_reply(int64_t id, const rpc::Envelope& envelope, Message reply) {
-    const int64_t receipt_ns = steady_now_ns();
-    std::optional<PendingCall> pending = pending_.take(id);
-    if (!pending) return;
-    finish_call(*pending, envelope, std::move(reply), receipt_ns);
-  }
-
   // --- deadlines (kept by pending_ on the executor's timers) ----------------------------
   // Call `id`'s deadline passed: it already left pending_. On an executor thread.
   void on_deadline(int64_t id, PendingCall p) {
     ScopedLogTag tag(&log_tag_);
     VLOG(2) << "deadline of call " << id << " passed";
     notify_idle();
-    call_failed(p, ErrorKind::kTimeout);
-    p.future->setErrorIfNeeded(std::make_exception_ptr(
-        Error(ErrorKind::kTimeout, "rpc " + p.what.text() + " to " + workers_[p.dst].name + " timed out after " +
-                                       std::to_string(p.timeout.count()) + " ms")));
+    endings_.timed_out(p);
   }
 
   // Wakes a join waiting for the job to go quiet. Takes mu_ first: pending_ changes
@@ -643,18 +446,8 @@ class ProcessGroupAgent final : public RpcAgent {
   void fail_pending(int64_t id, std::exception_ptr error) {
     std::optional<PendingCall> taken = pending_.take(id);
     if (!taken) return;
-    PendingCall& p = *taken;
     notify_idle();
-    std::string why;
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      why = e.what();
-    }
-    call_failed(p, ErrorKind::kPeerUnavailable);
-    p.future->setErrorIfNeeded(std::make_exception_ptr(
-        Error(ErrorKind::kPeerUnavailable,
-              "rpc " + p.what.text() + " to " + workers_[p.dst].name + " could not be sent: " + why)));
+    endings_.not_sent(*taken, error);
   }
 
   MessagePort& port_;  // the process group's message port
@@ -664,9 +457,7 @@ class ProcessGroupAgent final : public RpcAgent {
   std::string log_tag_;                       // "[name/rank]"
   Metrics* metrics_ = nullptr;                // set before start(); may be null
   Tracer* tracer_ = nullptr;                  // set before start(); may be null
-  std::map<int32_t, Handler> handlers_;       // set before start()
-  std::set<int32_t> inline_types_;            // set before start()
-  std::vector<Interceptor> interceptors_;     // set before start()
+  InterceptorChain interceptors_;            // set before start()
   std::vector<PeerFailureListener> peer_failure_listeners_;  // guarded by mu_
   std::atomic<int64_t> next_id_{1};
 
@@ -687,9 +478,10 @@ class ProcessGroupAgent final : public RpcAgent {
   // The calls awaiting replies, with their deadlines (its own lock; taken inside mu_,
   // never around it). Its deadline callbacks use the members above; closed by shutdown().
   PendingCalls pending_;
-  // The handler threads, which serve requests with the members above; stopped and joined
-  // by shutdown().
-  HandlerPool pool_;
+  CallEndings endings_;  // ends the calls pending_ hands back
+  // Serves requests on the handler threads, with the members above; its pool is stopped and
+  // joined by shutdown().
+  RequestServer server_;
 
   // Last: its threads run callbacks that use the members above; destroyed (closed) first.
   CallbackPool callbacks_;
