@@ -15,35 +15,11 @@ namespace drpc {
 using runtime_internal::CurrentAutogradContext;
 using runtime_internal::CurrentRuntime;
 
-namespace {
-
-// A call served on the network thread, without the hop to a handler thread: a builtin
-// operator (aten::) whose arguments are all tensors, together at most kInlineBytes, with
-// no keyword arguments. It cannot block, and its output is bounded by its inputs (no
-// sizes or counts among its arguments, as aten::arange or aten::randn take; an outer
-// product of the largest inputs is ~1 MB). Anything else, malformed bytes included, goes
-// to the handler threads, which report what is wrong.
-constexpr int64_t kInlineBytes = 4096;
-
-bool serve_inline(const Message& request) {
-  int64_t bytes = 0;
-  for (const auto& t : request.tensors) bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
-  if (bytes > kInlineBytes || request.payload.size() > kInlineBytes) return false;
-  rpc::Call call;
-  if (!call.ParseFromString(request.payload)) return false;
-  if (call.function().rfind("aten::", 0) != 0 || call.kwargs_size() > 0) return false;
-  return std::all_of(call.args().begin(), call.args().end(),
-                     [](const rpc::Value& arg) { return arg.kind_case() == rpc::Value::kTensor; });
-}
-
-}  // namespace
-
 CallService::CallService(Runtime& runtime, RpcAgent& agent, RRefContext& rrefs, AutogradContainer& autograd,
                          FunctionRegistry& functions, Tracer& tracer)
     : runtime_(runtime), agent_(agent), rrefs_(rrefs), autograd_(autograd), functions_(functions), tracer_(tracer) {
-  agent_.register_handler(
-      kCallRequest, [this](const WorkerInfo& from, Message request) { return serve(from, request); },
-      RpcAgent::InlineIf(serve_inline));
+  agent_.register_handler(kCallRequest,
+                          [this](const WorkerInfo& from, Message request) { return serve(from, request); });
 }
 
 FuturePtr CallService::rpc_async(const std::string& to, const std::string& fn, std::vector<c10::IValue> args,

@@ -10,8 +10,9 @@ RequestServer::RequestServer(std::vector<WorkerInfo> workers, int self, HandlerP
                              Deliver deliver)
     : workers_(std::move(workers)), self_(self), deliver_(std::move(deliver)), pool_(std::move(around)) {}
 
-void RequestServer::register_handler(int32_t type, RpcAgent::Handler handler, RpcAgent::InlineIf run_inline) {
-  handlers_[type] = Registered{std::move(handler), std::move(run_inline)};
+void RequestServer::register_handler(int32_t type, RpcAgent::Handler handler, bool run_inline) {
+  handlers_[type] = std::move(handler);
+  if (run_inline) inline_types_.insert(type);
 }
 
 void RequestServer::set_instruments(Metrics* metrics, Tracer* tracer) {
@@ -32,8 +33,7 @@ RequestServer::Request RequestServer::receive(int source, int64_t id, const std:
 }
 
 bool RequestServer::serve(Request request) {
-  auto registered = handlers_.find(request.message.type);
-  if (registered != handlers_.end() && registered->second.run_inline && registered->second.run_inline(request.message)) {
+  if (inline_types_.count(request.message.type) > 0) {
     run(std::move(request));
     return true;
   }
@@ -62,7 +62,7 @@ void RequestServer::run(Request request) {
     // Calls the handler makes on this thread belong to a profiled request's trace.
     Tracer::Scope scope(tracer_, request.trace ? request.trace->collector : nullptr);
     try {
-      reply = handler->second.handler(workers_[request.source], std::move(request.message));
+      reply = handler->second(workers_[request.source], std::move(request.message));
     } catch (...) {
       reply = make_message_future();
       reply->setError(std::current_exception());

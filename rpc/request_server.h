@@ -11,6 +11,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,10 +47,9 @@ class RequestServer {
   RequestServer(const RequestServer&) = delete;
   RequestServer& operator=(const RequestServer&) = delete;
 
-  // Before start(): the handler of a message type, run inline (on the arriving thread) for
-  // the requests `run_inline` picks (RpcAgent::register_handler); and the instruments
-  // (either may be null; they must outlive this).
-  void register_handler(int32_t type, RpcAgent::Handler handler, RpcAgent::InlineIf run_inline);
+  // Before start(): the handler of a message type, run inline (on the arriving thread)
+  // when `run_inline`; and the instruments (either may be null; they must outlive this).
+  void register_handler(int32_t type, RpcAgent::Handler handler, bool run_inline);
   void set_instruments(Metrics* metrics, Tracer* tracer);
 
   // A request arrived from `source` at `arrival_ns`, labelled `what` by its caller (bounded
@@ -75,11 +75,8 @@ class RequestServer {
   const Deliver deliver_;
   Metrics* metrics_ = nullptr;            // set before start()
   Tracer* tracer_ = nullptr;              // set before start()
-  struct Registered {
-    RpcAgent::Handler handler;
-    RpcAgent::InlineIf run_inline;  // may be empty: never
-  };
-  std::map<int32_t, Registered> handlers_;  // set before start()
+  std::map<int32_t, RpcAgent::Handler> handlers_;  // set before start()
+  std::set<int32_t> inline_types_;        // set before start()
   HandlerPool pool_;
 };
 

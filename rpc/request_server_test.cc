@@ -1,8 +1,8 @@
 // The serving side of the agent without a network: a handler's reply carries its type and
 // the request's extensions (its own win), every failure (no handler, a throwing handler, a
 // refused request, a result that is not a Message) becomes an error reply of the right
-// kind, requests the inline predicate picks run on the arriving thread and the rest on the
-// handler threads, and a stopped pool refuses requests.
+// kind, inline types run on the arriving thread and the rest on the handler threads, and
+// a stopped pool refuses requests.
 
 #include "rpc/request_server.h"
 
@@ -71,7 +71,7 @@ TEST_F(RequestServerTest, TheReplyCarriesItsTypeAndTheRequestsExtensionsItDoesNo
         future->markCompleted(message_to_ivalue(Message{8, "answer", {}, {{300, "reply's own"}}}));
         return future;
       },
-      {});
+      false);
   server_.pool().start(1);
   ASSERT_TRUE(server_.serve(request(7, {{300, "request's"}, {301, "context"}})));
   Delivered d = next();
@@ -88,16 +88,16 @@ TEST_F(RequestServerTest, TheReplyCarriesItsTypeAndTheRequestsExtensionsItDoesNo
 TEST_F(RequestServerTest, FailuresBecomeErrorRepliesOfTheirKind) {
   bool refused_ran = false;
   server_.register_handler(1, [](const WorkerInfo&, Message) -> FuturePtr { throw std::runtime_error("boom"); },
-                           {});
+                           false);
   server_.register_handler(2, [&](const WorkerInfo&, Message) {
     refused_ran = true;
     return make_message_future();
-  }, {});
+  }, false);
   server_.register_handler(3, [](const WorkerInfo&, Message) {
     auto future = make_message_future();
     future->markCompleted(c10::IValue(int64_t{5}));
     return future;
-  }, {});
+  }, false);
   server_.pool().start(1);
 
   server_.serve(request(9));
@@ -122,30 +122,23 @@ TEST_F(RequestServerTest, FailuresBecomeErrorRepliesOfTheirKind) {
   EXPECT_NE(d.envelope.error().find("not a drpc Message"), std::string::npos) << d.envelope.error();
 }
 
-TEST_F(RequestServerTest, RequestsTheInlinePredicatePicksRunOnTheArrivingThreadOthersOnTheHandlerThreads) {
+TEST_F(RequestServerTest, InlineTypesRunOnTheArrivingThreadOthersOnTheHandlerThreads) {
   auto echo = [](const WorkerInfo&, Message m) {
     auto future = make_message_future();
     future->markCompleted(message_to_ivalue(std::move(m)));
     return future;
   };
-  server_.register_handler(1, echo, [](const Message&) { return true; });
-  server_.register_handler(2, echo, {});
-  server_.register_handler(3, echo, [](const Message& m) { return m.payload == "cheap"; });
+  server_.register_handler(1, echo, true);
+  server_.register_handler(2, echo, false);
   server_.pool().start(1);
   server_.serve(request(1));
   EXPECT_EQ(next().thread, std::this_thread::get_id());
   server_.serve(request(2));
   EXPECT_NE(next().thread, std::this_thread::get_id());
-  RequestServer::Request cheap = request(3);
-  cheap.message.payload = "cheap";
-  server_.serve(std::move(cheap));
-  EXPECT_EQ(next().thread, std::this_thread::get_id());
-  server_.serve(request(3));
-  EXPECT_NE(next().thread, std::this_thread::get_id());
 }
 
 TEST_F(RequestServerTest, AStoppedPoolRefusesRequests) {
-  server_.register_handler(2, [](const WorkerInfo&, Message) { return make_message_future(); }, {});
+  server_.register_handler(2, [](const WorkerInfo&, Message) { return make_message_future(); }, false);
   server_.pool().start(1);
   server_.pool().stop();
   EXPECT_FALSE(server_.serve(request(2)));

@@ -111,22 +111,11 @@ class RpcAgent {
   virtual FuturePtr send(const WorkerInfo& to, Message request, std::chrono::milliseconds timeout,
                          CallName what) = 0;
 
-  // Says whether a request may be served inline (see register_handler). It runs on the
-  // network thread for every request of its type: cheap, never blocking, never throwing.
-  using InlineIf = std::function<bool(const Message& request)>;
-
   // Registers the handler for `type`; set before start(). Not thread-safe with send().
-  // Requests for which `run_inline` says so (none when it is empty) are served on the
-  // network thread that received them: for cheap work that should not pay a thread hop or
-  // wait behind busy handler threads. Such handlers must not block.
-  virtual void register_handler(int32_t type, Handler handler, InlineIf run_inline) = 0;
-  // Every request of `type` inline, or none.
-  void register_handler(int32_t type, Handler handler, bool run_inline = false) {
-    register_handler(type, std::move(handler), run_inline ? InlineIf([](const Message&) { return true; }) : InlineIf());
-  }
-  // A bare function would silently pick the bool overload (always inline): wrap it in InlineIf.
-  template <typename F>
-  void register_handler(int32_t type, Handler handler, F* run_inline) = delete;
+  // `run_inline` handlers run on the network thread that received the request: for cheap
+  // protocol messages that must never wait behind busy handler threads. They must not
+  // block.
+  virtual void register_handler(int32_t type, Handler handler, bool run_inline = false) = 0;
   virtual void add_interceptor(Interceptor interceptor) = 0;
 
   // Called once per peer that is gone (its connection broke, it went silent past the

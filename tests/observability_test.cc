@@ -4,9 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <map>
-#include <string>
 
 #include "drpc.h"
 #include "testing/errors.h"
@@ -103,47 +101,6 @@ TEST(Observability, ProfilerTracesACallChainAcrossThreeWorkers) {
   testing::check_chain_trace(json);
   Profiler again(job[0]);  // the first one is gone: a new one may start
   EXPECT_TRUE(again.events().empty());
-}
-
-// The thread that executed the one call `call` makes from worker0 to worker1, as the
-// profiler recorded it on worker1.
-std::string executing_thread(Job& job, const std::function<void()>& call) {
-  Profiler profiler(job[0]);
-  call();
-  for (const auto& e : profiler.events()) {
-    if (e.category == "execute" && e.worker == 1) return e.thread;
-  }
-  ADD_FAILURE() << "no execute span on worker1";
-  return "";
-}
-
-// A small builtin on tensors is served on the network thread that received it (no hop to
-// a handler thread); anything that could take long, or is not a builtin, on a handler
-// thread. Same results either way.
-TEST(Observability, SmallTensorBuiltinsRunOnTheNetworkThreadOthersOnHandlerThreads) {
-  Job job(2);
-  const at::Tensor small = at::ones({4});
-  const at::Tensor large = at::ones({4096});  // 16 KiB
-  job[0].rpc_sync("worker1", "aten::add", {small, small});  // warm up
-  auto is_handler = [](const std::string& thread) { return thread.rfind("handler ", 0) == 0; };
-  at::Tensor out;
-  std::string thread = executing_thread(job, [&] { out = job[0].rpc_sync("worker1", "aten::add", {small, small}).toTensor(); });
-  EXPECT_TRUE(at::equal(out, at::full({4}, 2.0)));
-  EXPECT_FALSE(is_handler(thread)) << thread;
-  EXPECT_FALSE(thread.empty());
-  thread = executing_thread(job, [&] { out = job[0].rpc_sync("worker1", "aten::add", {large, large}).toTensor(); });
-  EXPECT_TRUE(at::equal(out, at::full({4096}, 2.0)));
-  EXPECT_TRUE(is_handler(thread)) << thread;
-  // A scalar argument (a size, a count) could ask for any amount of work.
-  thread = executing_thread(job, [&] { out = job[0].rpc_sync("worker1", "aten::mul", {small, 3.0}).toTensor(); });
-  EXPECT_TRUE(at::equal(out, at::full({4}, 3.0)));
-  EXPECT_TRUE(is_handler(thread)) << thread;
-  thread = executing_thread(job, [&] { out = job[0].rpc_sync("worker1", "obs.leaf", {small}).toTensor(); });
-  EXPECT_TRUE(at::equal(out, at::full({4}, 2.0)));
-  EXPECT_TRUE(is_handler(thread)) << thread;
-  // Errors of inline calls come back as from handler threads.
-  const Error e = testing::expect_error([&] { job[0].rpc_sync("worker1", "aten::add", {small, at::ones({3})}); });
-  EXPECT_EQ(e.kind(), ErrorKind::kRemote);
 }
 
 }  // namespace
