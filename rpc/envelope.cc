@@ -41,9 +41,8 @@ rpc::Envelope reply_envelope(int64_t id, c10::ivalue::Future& done, const Extens
     *reply = message_from_ivalue(done.value());
     envelope.set_type(reply->type);
     reply->extensions.insert(request_extensions.begin(), request_extensions.end());  // keeps its own
-  } catch (const Error& e) {
-    envelope.set_error_kind(to_wire(e.kind()));
-    envelope.set_error(e.message());
+  } catch (const Error&) {
+    put_error(std::current_exception(), &envelope);
   }
   return envelope;
 }

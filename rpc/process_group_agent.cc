@@ -49,8 +49,8 @@ class ProcessGroupAgent final : public RpcAgent {
               set_current_thread_name("handler " + std::to_string(index));
               serve();
             },
-            [this](int source, int64_t id, rpc::Envelope envelope, Message reply) {
-              send_reply(source, id, std::move(envelope), std::move(reply));
+            [this](int source, rpc::Envelope envelope, Message reply) {
+              send_reply(source, std::move(envelope), std::move(reply));
             }),
         callbacks_([this](const std::function<void()>& serve) {
           ScopedLogTag tag(&log_tag_);
@@ -397,12 +397,12 @@ class ProcessGroupAgent final : public RpcAgent {
   }
 
   // Sends the reply to a request (or, to oneself, delivers it), through the interceptors.
-  void send_reply(int source, int64_t id, rpc::Envelope envelope, Message reply) {
+  void send_reply(int source, rpc::Envelope envelope, Message reply) {
     interceptors_.on_send(workers_[source], reply);
     if (source == self_.id) {
       // A reply to oneself skips the network, not the interceptors.
       interceptors_.on_receive(self_, reply);
-      std::optional<PendingCall> pending = pending_.take(id);
+      std::optional<PendingCall> pending = pending_.take(envelope.id());
       if (pending) endings_.replied(*pending, envelope, std::move(reply), steady_now_ns());
     } else {
       try {

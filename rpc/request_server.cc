@@ -69,32 +69,30 @@ void RequestServer::run(Request request) {
     }
   }
   // The reply goes out when the future completes, whichever thread completes it.
-  const int source = request.source;
-  const int64_t id = request.id;
   request.message = Message{};
-  reply->addCallback([this, source, id, request_extensions = std::move(request_extensions),
+  reply->addCallback([this, request_extensions = std::move(request_extensions),
                       served = std::move(request)](c10::ivalue::Future& done) {
-    answer(source, id, done, request_extensions, served);
+    answer(done, request_extensions, served);
   });
 }
 
-void RequestServer::answer(int source, int64_t id, c10::ivalue::Future& done, const Extensions& request_extensions,
-                           const Request& served) {
+void RequestServer::answer(c10::ivalue::Future& done, const Extensions& request_extensions, const Request& served) {
   const int64_t reply_ns = steady_now_ns();
+  const int source = served.source;
   Message reply;
-  rpc::Envelope envelope = reply_envelope(id, done, request_extensions, &reply);
+  rpc::Envelope envelope = reply_envelope(served.id, done, request_extensions, &reply);
   const bool failed = envelope.error_kind() != 0;
   if (metrics_ && served.fn) {
     metrics_->request_served(served.fn, std::chrono::nanoseconds(reply_ns - served.arrival_ns));
     if (failed) metrics_->error(false, kind_of(envelope));
   }
-  VLOG(1) << "answering " << id << " from " << workers_[source].name << " after "
+  VLOG(1) << "answering " << served.id << " from " << workers_[source].name << " after "
           << (reply_ns - served.arrival_ns) / 1000 << " us" << (failed ? " (error)" : "");
   if (served.trace) {
     add_served_spans(*tracer_, *served.trace, self_, workers_[source].name, served.arrival_ns, reply_ns,
                      failed ? error_kind_name(kind_of(envelope)) : nullptr, envelope.mutable_profile_spans());
   }
-  deliver_(source, id, std::move(envelope), std::move(reply));
+  deliver_(source, std::move(envelope), std::move(reply));
 }
 
 }  // namespace drpc

@@ -36,10 +36,10 @@ class RequestServer {
     std::exception_ptr refused;         // an interceptor refused it: the answer
   };
 
-  // Gets the reply to request `id` from `source`: `envelope` has its id, type or error and
-  // spans; `reply` its payload, tensors and extensions. On whichever thread completed the
-  // handler's future; it must not throw.
-  using Deliver = std::function<void(int source, int64_t id, rpc::Envelope envelope, Message reply)>;
+  // Gets the reply to a request from `source`: `envelope` has the request's id, the type or
+  // error and the spans; `reply` its payload, tensors and extensions. On whichever thread
+  // completed the handler's future; it must not throw.
+  using Deliver = std::function<void(int source, rpc::Envelope envelope, Message reply)>;
 
   // `workers` names the peers by rank; `self` is this worker's rank; `around` wraps each
   // handler thread's loop (HandlerPool).
@@ -67,8 +67,7 @@ class RequestServer {
 
  private:
   void run(Request request);
-  void answer(int source, int64_t id, c10::ivalue::Future& done, const Extensions& request_extensions,
-              const Request& served);
+  void answer(c10::ivalue::Future& done, const Extensions& request_extensions, const Request& served);
 
   const std::vector<WorkerInfo> workers_;
   const int self_;

@@ -32,8 +32,9 @@ class RequestServerTest : public ::testing::Test {
  protected:
   RequestServerTest()
       : server_({{"a", 0}, {"b", 1}}, 0, [](int, const HandlerPool::Task& serve) { serve(); },
-                [this](int source, int64_t id, rpc::Envelope envelope, Message reply) {
+                [this](int source, rpc::Envelope envelope, Message reply) {
                   std::lock_guard<std::mutex> lock(mu_);
+                  const int64_t id = envelope.id();
                   delivered_.push_back({source, id, std::move(envelope), std::move(reply), std::this_thread::get_id()});
                   cv_.notify_all();
                 }) {}
