@@ -2,10 +2,22 @@
 
 #include "process_group/grpc_process_group.h"
 
+#include <cstdlib>
+
 #include "process_group/collective_process_group.h"
 #include "process_group/grpc_transport.h"
 
 namespace drpc {
+namespace {
+
+DataPlane resolve_data_plane(const std::string& chosen) {
+  if (!chosen.empty()) return parse_data_plane(chosen);
+  const char* from_environment = std::getenv("DRPC_DATA_PLANE");
+  if (from_environment != nullptr && *from_environment != '\0') return parse_data_plane(from_environment);
+  return DataPlane::kAuto;
+}
+
+}  // namespace
 
 GroupEndpoints create_grpc_group_endpoints(Store& store, int rank, int size, const GrpcProcessGroupOptions& options) {
   GrpcTransportOptions transport;
@@ -17,6 +29,7 @@ GroupEndpoints create_grpc_group_endpoints(Store& store, int rank, int size, con
   transport.heartbeat_interval = options.heartbeat_interval;
   transport.heartbeat_misses = options.heartbeat_misses;
   transport.group_name = options.group_name;
+  transport.data_plane = resolve_data_plane(options.data_plane);
   CollectiveOptions collective;
   collective.timeout = options.timeout;
   collective.ring_threshold_bytes = options.ring_threshold_bytes;

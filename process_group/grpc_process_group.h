@@ -25,6 +25,11 @@ struct GrpcProcessGroupOptions {
   std::string group_name = "default";
   int64_t ring_threshold_bytes = 256 * 1024;
   int64_t chunk_bytes = 4 << 20;
+  // The data plane: "auto" (UCX shared memory between ranks on one host, gRPC between
+  // hosts), "ucx" (UCX between all ranks: across hosts unencrypted and unauthenticated, for
+  // trusted networks) or "grpc". Empty: the DRPC_DATA_PLANE environment variable, else auto.
+  // Throws kBadArgument for any other value.
+  std::string data_plane;
 };
 
 // Joins the group of `size` ranks rendezvousing through `store` (borrowed; used only

@@ -11,11 +11,13 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <thread>
 
 #include "process_group/connection_protocol.h"
 #include "process_group/grpc_outbox.h"
 #include "process_group/grpc_security.h"
+#include "process_group/ucx_links.h"
 
 #ifdef DRPC_TSAN
 #include <sanitizer/tsan_interface.h>
@@ -142,7 +144,7 @@ class PeerService final : public grpc::CallbackGenericService {
   GrpcTransport& transport_;
 };
 
-class GrpcTransport final : public Transport {
+class GrpcTransport final : public Transport, private UcxLinkSink {
  public:
   GrpcTransport(Store& store, int rank, int size, const GrpcTransportOptions& options, FrameSink& sink)
       : rank_(rank),
@@ -158,6 +160,11 @@ class GrpcTransport final : public Transport {
                                                " is out of range for world size " + std::to_string(size));
     }
     for (int r = 0; r < size; ++r) peers_.push_back(std::make_unique<Peer>());
+    if (options_.data_plane != DataPlane::kGrpc && size_ > 1) {
+      std::string why_not;
+      links_ = create_ucx_links(rank_, size_, options_.data_plane, *this, &why_not);
+      if (!links_) VLOG(1) << "rank " << rank_ << ": no UCX links, every peer stays on gRPC: " << why_not;
+    }
     try {
       start_server();
       rendezvous(store);
@@ -178,7 +185,7 @@ class GrpcTransport final : public Transport {
   void send(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
             SendCallback on_sent) override {
     if (stopping_) throw Error(ErrorKind::kShutdown, "rank " + std::to_string(rank_) + " is shutting down");
-    peers_.at(dst)->outbox.send(header, tensors, std::move(on_sent));
+    send_on_route(dst, header, tensors, std::move(on_sent));
   }
 
   void shutdown() override {
@@ -205,6 +212,7 @@ class GrpcTransport final : public Transport {
     }
     changed_.notify_all();
     if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+    if (links_) links_->shutdown();
     for (auto& peer : peers_) {
       peer->outbox.close(Error(ErrorKind::kShutdown, "rank " + std::to_string(rank_) + " is shutting down"));
       if (peer->client) peer->client->cancel();
@@ -244,7 +252,20 @@ class GrpcTransport final : public Transport {
   // Queues this rank's hello: the first frame on a stream, either way.
   void send_hello(int peer) { peers_[peer]->outbox.send(hello_header(protocol_.self()), {}, nullptr); }
 
-  void mark_connected(int peer, std::string address) { protocol_.connected(peer, std::move(address), Clock::now()); }
+  // The stream to `peer` is up: offers it our UCX link (see ucx_links.h).
+  void mark_connected(int peer, std::string address) {
+    protocol_.connected(peer, std::move(address), Clock::now());
+    if (!links_) return;
+    pg::FrameHeader offer = control_header(pg::FrameHeader::LINK_OFFER);
+    offer.set_link_address(links_->address());
+    offer.set_link_secret(links_->inbound_secret(peer));
+    offer.set_host_id(host_id_);
+    try {
+      peers_[peer]->outbox.send(offer, {}, nullptr);
+    } catch (const Error&) {
+      // The stream is closing; its own failure report covers it.
+    }
+  }
 
   // Our stream to `peer` ended before the peer answered our hello. Only UNAUTHENTICATED is
   // the peer's own verdict (accept_hello): gRPC ends a stream whose connection broke with
@@ -273,11 +294,30 @@ class GrpcTransport final : public Transport {
       lost(peer, Error(ErrorKind::kProtocol, reason));
       return false;
     }
+    deliver_frames(peer, std::move(frames), /*on_grpc=*/true);
+    return true;
+  }
+
+  // Acts on frames from `peer` (from its gRPC stream or its UCX link) in order.
+  void deliver_frames(int peer, std::vector<Frame> frames, bool on_grpc) {
     for (auto& frame : frames) {
+      switch (frame.header.kind()) {  // the data plane's own frames, trusted only on gRPC
+        case pg::FrameHeader::LINK_OFFER:
+          if (on_grpc) accept_link_offer(peer, frame.header);
+          continue;
+        case pg::FrameHeader::LINK_READY:
+          if (on_grpc) switch_to_link(peer);
+          continue;
+        case pg::FrameHeader::SWITCH:
+          if (on_grpc && links_) links_->open_inbound(peer);
+          continue;
+        default:
+          break;
+      }
       switch (protocol_.on_frame(peer, frame.header)) {
         case FrameAction::kAcknowledgeGoodbye: {
           try {
-            peers_[peer]->outbox.send(control_header(pg::FrameHeader::GOODBYE_ACK), {}, nullptr);
+            send_on_route(peer, control_header(pg::FrameHeader::GOODBYE_ACK), {}, nullptr);
           } catch (const Error&) {
             // We are leaving too; the peer stops waiting when our stream closes.
           }
@@ -289,7 +329,6 @@ class GrpcTransport final : public Transport {
           if (!stopping_) sink_.on_frame(std::move(frame));
       }
     }
-    return true;
   }
 
   // The stream to `peer` is gone; tells the sink once.
@@ -297,6 +336,7 @@ class GrpcTransport final : public Transport {
     const std::optional<ConnectionProtocol::Loss> loss = protocol_.lose(peer, why);
     if (!loss) return;
     peers_[peer]->outbox.close(loss->error);
+    if (links_) links_->fail_peer(peer, loss->error);
     if (peers_[peer]->client) peers_[peer]->client->cancel();
     if (!stopping_ && loss->was_connected) sink_.on_peer_failed(peer, loss->error);
   }
@@ -312,7 +352,74 @@ class GrpcTransport final : public Transport {
   struct Peer {
     Outbox outbox;
     std::unique_ptr<ClientPeer> client;  // when this rank dials the peer
+    // Whether our frames to the peer go over its UCX link. Sends hold route_mu shared; the
+    // switch holds it alone, so no frame passes the SWITCH frame on either link.
+    std::shared_mutex route_mu;
+    bool on_link = false;  // guarded by route_mu
   };
+
+  // Sends on the peer's gRPC stream or, once switched, on its UCX link.
+  void send_on_route(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
+                     SendCallback on_sent) {
+    Peer& peer = *peers_.at(dst);
+    std::shared_lock<std::shared_mutex> lock(peer.route_mu);
+    if (peer.on_link) {
+      links_->send(dst, header, tensors, std::move(on_sent));
+    } else {
+      peer.outbox.send(header, tensors, std::move(on_sent));
+    }
+  }
+
+  // `peer` offered its UCX link: open ours to it and probe it, when the pair may use UCX.
+  void accept_link_offer(int peer, const pg::FrameHeader& offer) {
+    if (!links_) return;
+    if (options_.data_plane == DataPlane::kAuto && offer.host_id() != host_id_) {
+      VLOG(1) << "rank " << rank_ << ": rank " << peer << " runs on another host (" << offer.host_id()
+              << "): frames to it stay on gRPC";
+      return;
+    }
+    try {
+      links_->connect(peer, offer.link_address(), offer.link_secret());
+    } catch (const Error& e) {
+      VLOG(1) << "rank " << rank_ << ": frames to rank " << peer << " stay on gRPC: " << e.message();
+    }
+  }
+
+  // `peer` received our probe: our frames to it switch to UCX after a SWITCH frame, the
+  // last of them on gRPC.
+  void switch_to_link(int peer) {
+    if (!links_) return;
+    Peer& p = *peers_[peer];
+    std::unique_lock<std::shared_mutex> lock(p.route_mu);
+    if (p.on_link) return;
+    try {
+      p.outbox.send(control_header(pg::FrameHeader::SWITCH), {}, nullptr);
+    } catch (const Error&) {
+      return;  // the stream is closing
+    }
+    p.on_link = true;
+    VLOG(1) << "rank " << rank_ << ": frames to rank " << peer << " go over UCX";
+  }
+
+  // --- UcxLinkSink (the links' progress thread) -----------------------------------------
+  void on_link_frames(int source, std::vector<Frame> frames) override {
+    if (protocol_.is_lost(source)) return;
+    protocol_.heard_from(source, Clock::now());
+    deliver_frames(source, std::move(frames), /*on_grpc=*/false);
+  }
+
+  void on_link_probe(int source) override {
+    try {
+      peers_[source]->outbox.send(control_header(pg::FrameHeader::LINK_READY), {}, nullptr);
+    } catch (const Error&) {
+      // The stream is closing; its own failure report covers it.
+    }
+  }
+
+  void on_link_failed(int source, const Error& why) override {
+    LOG(ERROR) << "rank " << rank_ << ": " << why.message() << "; closing the connection";
+    lost(source, why);
+  }
 
   // Sends each live peer a heartbeat every interval and declares failed those silent for
   // heartbeat_misses intervals: a stopped or hung process keeps its TCP connection open,
@@ -328,7 +435,7 @@ class GrpcTransport final : public Transport {
       }
       for (int r : round.beat) {
         try {
-          peers_[r]->outbox.send(control_header(pg::FrameHeader::HEARTBEAT), {}, nullptr);
+          send_on_route(r, control_header(pg::FrameHeader::HEARTBEAT), {}, nullptr);
         } catch (const Error&) {
           // The stream is closing; its own failure report covers it.
         }
@@ -379,6 +486,8 @@ class GrpcTransport final : public Transport {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::vector<std::unique_ptr<Peer>> peers_;
+  const std::string host_id_ = this_host_id();
+  std::unique_ptr<UcxLinks> links_;  // null: gRPC only
   std::atomic<bool> stopping_{false};
   std::thread heartbeat_thread_;
 

@@ -10,6 +10,7 @@
 #include "process_group/security.h"
 #include "process_group/store.h"
 #include "process_group/transport.h"
+#include "process_group/ucx_links.h"
 
 namespace drpc {
 
@@ -26,6 +27,9 @@ struct GrpcTransportOptions {
   // message must arrive within that window too: collectives send large tensors in chunks.
   std::chrono::milliseconds heartbeat_interval{1000};
   int heartbeat_misses = 10;
+  // Which link carries frames once a pair is connected (ucx_links.h). Whatever the choice,
+  // a pair whose UCX link cannot be opened or probed stays on gRPC.
+  DataPlane data_plane = DataPlane::kAuto;
 };
 
 // Listens, publishes this rank's address in `store`, connects to every peer and returns

@@ -14,6 +14,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc
   libprotobuf-dev protobuf-compiler
   libgoogle-glog-dev libgflags-dev
+  libucx-dev                  # UCX: the data plane between workers on one host (and across, if asked)
   libgtest-dev libgmock-dev
   libbenchmark-dev
   zlib1g-dev

@@ -1,0 +1,105 @@
+#pragma once
+
+// Internal to //process_group: UCX links beside the gRPC streams (the data plane). One UCX
+// worker per rank, progressed by one thread that sleeps on the worker's event fd; one
+// endpoint per peer that switched to UCX. The gRPC transport decides when a pair switches
+// and keeps the connection's rules (hello, heartbeats, goodbye); this only moves frames.
+//
+// A message on a link is [16-byte secret][1-byte type][wire frames] (transport.h's format),
+// sent with the sender's rank as its UCX tag. The secret is the one the receiver handed its
+// peer over the authenticated gRPC stream: UCX checks no token, so a message without the
+// right secret is dropped and logged, never decoded.
+
+#include <ATen/core/Tensor.h>
+
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "process_group/proto/frame.pb.h"
+#include "process_group/transport.h"
+
+namespace drpc {
+
+// Which link carries frames between two ranks (Options::data_plane, DRPC_DATA_PLANE).
+enum class DataPlane {
+  kAuto,  // UCX shared memory for peers on this host, gRPC for the others
+  kUcx,   // UCX for every peer, across hosts on UCX's TCP or RDMA (unencrypted)
+  kGrpc,  // gRPC only
+};
+
+// "auto", "ucx" or "grpc"; throws kBadArgument naming any other value.
+DataPlane parse_data_plane(const std::string& name);
+const char* data_plane_name(DataPlane plane);
+
+// Identifies this host: peers with the same id may share memory.
+std::string this_host_id();
+
+// Where the links deliver what arrives. Called on the progress thread, in order per source;
+// must not block for long.
+class UcxLinkSink {
+ public:
+  virtual ~UcxLinkSink() = default;
+  // Frames from `source`, validated, in the order it sent them (once open_inbound(source)).
+  virtual void on_link_frames(int source, std::vector<Frame> frames) = 0;
+  // `source` reached us with a probe: its link to us works.
+  virtual void on_link_probe(int source) = 0;
+  // `source` sent malformed frames with the right secret (or its link broke): it is lost.
+  virtual void on_link_failed(int source, const Error& why) = 0;
+};
+
+class UcxLinks {
+ public:
+  UcxLinks() = default;
+  UcxLinks(const UcxLinks&) = delete;
+  UcxLinks& operator=(const UcxLinks&) = delete;
+  virtual ~UcxLinks() = default;
+
+  // This worker's UCX address, for peers' connect().
+  virtual std::string address() const = 0;
+  // The secret `peer` must put in every message to us. Random per peer and per process.
+  virtual std::string inbound_secret(int peer) const = 0;
+
+  // Opens the link to `peer` (its address and the secret it gave us) and sends it a probe.
+  // Thread-safe. Throws kPeerUnavailable saying why the link cannot be opened.
+  virtual void connect(int peer, const std::string& address, const std::string& secret) = 0;
+
+  // Frames from `peer` arriving before this are held, and delivered (in order) by this call:
+  // the peer switched after its last frame on the other link. Thread-safe.
+  virtual void open_inbound(int peer) = 0;
+
+  // As Transport::send, on the link to `peer` (connect()ed). Thread-safe; frames to one
+  // peer arrive in order. Throws kPeerUnavailable once the peer failed, kShutdown after shutdown.
+  virtual void send(int peer, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
+                    std::function<void(std::exception_ptr)> on_sent) = 0;
+
+  // The peer is gone: sends still in flight to it fail with `why` now, later ones throw it.
+  virtual void fail_peer(int peer, const Error& why) = 0;
+
+  // Stops the progress thread, closes the links (waiting briefly for sends in flight) and
+  // fails what is left. The sink receives nothing afterwards. Idempotent.
+  virtual void shutdown() = 0;
+};
+
+// Creates the links for `rank` of `size` (`plane` kAuto: shared-memory transports only;
+// kUcx: all of UCX's). `sink` must outlive the links. Returns null and sets `why_not` when
+// UCX cannot start here.
+std::unique_ptr<UcxLinks> create_ucx_links(int rank, int size, DataPlane plane, UcxLinkSink& sink,
+                                           std::string* why_not);
+
+// Splits one link message into its sender's frames after checking `secret` (constant time).
+// Returns false, with `problem` set, for a message that is too short, carries another secret
+// or holds malformed frames; `is_probe` says whether it was a probe (which has no frames).
+// Exposed for the fuzz target.
+bool decode_link_message(const uint8_t* data, size_t size, const std::string& secret,
+                         std::shared_ptr<void> keepalive, int source, bool* is_probe, std::vector<Frame>* frames,
+                         std::string* problem);
+
+// The first bytes of a link message: `secret` and the message type.
+constexpr size_t kLinkSecretBytes = 16;
+std::string link_message_prefix(const std::string& secret, bool probe);
+
+}  // namespace drpc
