@@ -33,6 +33,7 @@ class Demux final : private FrameSink {
   ~Demux() override { shutdown(); }
 
   CollectiveRunner& runner() { return runner_; }
+  Transport& transport() { return *transport_; }
   const AllreduceTuning& tuning() const { return tuning_; }
   P2PMatcher& p2p() { return p2p_; }
   MessageChannel& messages() { return messages_; }
@@ -122,6 +123,8 @@ class CollectiveProcessGroup final : public ProcessGroup {
   WorkPtr recv_any(int64_t tag) override { return demux_->p2p().recv_any(tag); }
 
   void shutdown() override { demux_->shutdown(); }
+
+  std::string link_to(int rank) const override { return demux_->transport().link_to(rank); }
 
  private:
   std::shared_ptr<Demux> demux_;

@@ -61,6 +61,13 @@ void Frame::copy_body(size_t offset, void* dst, size_t len) const {
   if (len != 0) throw Error(ErrorKind::kInternal, "frame body is shorter than its header says");
 }
 
+void check_link_rank(int rank, int size) {
+  if (rank < 0 || rank >= size) {
+    throw Error(ErrorKind::kBadArgument,
+                "rank " + std::to_string(rank) + " is out of range for world size " + std::to_string(size));
+  }
+}
+
 void describe_tensors(const std::vector<at::Tensor>& tensors, pg::FrameHeader* header) {
   if (tensors.size() > static_cast<size_t>(kMaxFrameTensors)) {
     throw Error(ErrorKind::kBadArgument, "a frame carries at most " + std::to_string(kMaxFrameTensors) +

@@ -59,6 +59,9 @@ using Buffer = grpc::ByteBuffer;
 constexpr char kExchangeMethod[] = "/drpc.pg.Peer/Exchange";
 // How long a leaving rank waits for its peers to acknowledge its goodbye.
 constexpr std::chrono::milliseconds kGoodbyeTimeout{2000};
+// How long start-up waits for the UCX probes to be answered before the silent pairs stay on
+// gRPC.
+constexpr std::chrono::milliseconds kLinkProbeTimeout{5000};
 
 // A gRPC message's slices, and spans over their bytes.
 struct Message {
@@ -182,6 +185,13 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
+  std::string link_to(int rank) const override {
+    check_link_rank(rank, size_);
+    if (rank == rank_) return "self";
+    std::shared_lock<std::shared_mutex> lock(peers_[rank]->route_mu);
+    return peers_[rank]->on_link ? "ucx" : "grpc";
+  }
+
   void send(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
             SendCallback on_sent) override {
     if (stopping_) throw Error(ErrorKind::kShutdown, "rank " + std::to_string(rank_) + " is shutting down");
@@ -252,14 +262,16 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
   // Queues this rank's hello: the first frame on a stream, either way.
   void send_hello(int peer) { peers_[peer]->outbox.send(hello_header(protocol_.self()), {}, nullptr); }
 
-  // The stream to `peer` is up: offers it our UCX link (see ucx_links.h).
+  // The stream to `peer` is up: offers it our UCX link (see ucx_links.h), or says we have
+  // none (an offer without an address) so that it need not wait for one.
   void mark_connected(int peer, std::string address) {
     protocol_.connected(peer, std::move(address), Clock::now());
-    if (!links_) return;
     pg::FrameHeader offer = control_header(pg::FrameHeader::LINK_OFFER);
-    offer.set_link_address(links_->address());
-    offer.set_link_secret(links_->inbound_secret(peer));
-    offer.set_host_id(host_id_);
+    if (links_) {
+      offer.set_link_address(links_->address());
+      offer.set_link_secret(links_->inbound_secret(peer));
+      offer.set_host_id(host_id_);
+    }
     try {
       peers_[peer]->outbox.send(offer, {}, nullptr);
     } catch (const Error&) {
@@ -354,8 +366,9 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
     std::unique_ptr<ClientPeer> client;  // when this rank dials the peer
     // Whether our frames to the peer go over its UCX link. Sends hold route_mu shared; the
     // switch holds it alone, so no frame passes the SWITCH frame on either link.
-    std::shared_mutex route_mu;
-    bool on_link = false;  // guarded by route_mu
+    mutable std::shared_mutex route_mu;
+    bool on_link = false;       // guarded by route_mu
+    bool link_decided = false;  // guarded by GrpcTransport::mu_: on UCX, or staying on gRPC
   };
 
   // Sends on the peer's gRPC stream or, once switched, on its UCX link.
@@ -373,15 +386,39 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
   // `peer` offered its UCX link: open ours to it and probe it, when the pair may use UCX.
   void accept_link_offer(int peer, const pg::FrameHeader& offer) {
     if (!links_) return;
+    if (offer.link_address().empty()) return stay_on_grpc(peer, "it has no UCX link");
     if (options_.data_plane == DataPlane::kAuto && offer.host_id() != host_id_) {
-      VLOG(1) << "rank " << rank_ << ": rank " << peer << " runs on another host (" << offer.host_id()
-              << "): frames to it stay on gRPC";
-      return;
+      return stay_on_grpc(peer, "it runs on another host (" + offer.host_id() + ")");
     }
     try {
       links_->connect(peer, offer.link_address(), offer.link_secret());
     } catch (const Error& e) {
-      VLOG(1) << "rank " << rank_ << ": frames to rank " << peer << " stay on gRPC: " << e.message();
+      stay_on_grpc(peer, e.message());
+    }
+  }
+
+  // Frames to `peer` stay on gRPC, because of `why`.
+  void stay_on_grpc(int peer, const std::string& why) {
+    VLOG(1) << "rank " << rank_ << ": frames to rank " << peer << " stay on gRPC: " << why;
+    mark_link_decided(peer);
+  }
+
+  void mark_link_decided(int peer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    peers_[peer]->link_decided = true;
+    changed_.notify_all();
+  }
+
+  // Waits until every pair chose its link, or `deadline`; the silent ones stay on gRPC.
+  void wait_links_decided(Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      if (!changed_.wait_until(lock, deadline, [&] { return peers_[r]->link_decided || shut_down_; })) {
+        lock.unlock();
+        stay_on_grpc(r, "it did not answer the UCX probe within " + std::to_string(kLinkProbeTimeout.count()) + " ms");
+        lock.lock();
+      }
     }
   }
 
@@ -398,7 +435,9 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
       return;  // the stream is closing
     }
     p.on_link = true;
+    lock.unlock();
     VLOG(1) << "rank " << rank_ << ": frames to rank " << peer << " go over UCX";
+    mark_link_decided(peer);
   }
 
   // --- UcxLinkSink (the links' progress thread) -----------------------------------------
@@ -475,6 +514,7 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
       peers_[r]->client->start();
     }
     protocol_.wait_connected(deadline, options_.connect_timeout);
+    if (links_) wait_links_decided(std::min(deadline, Clock::now() + kLinkProbeTimeout));
   }
 
   const int rank_;

@@ -109,6 +109,11 @@ class InMemoryTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return fabric_->size(); }
 
+  std::string link_to(int rank) const override {
+    check_link_rank(rank, size());
+    return rank == rank_ ? "self" : "memory";
+  }
+
   void send(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
             std::function<void(std::exception_ptr)> on_sent) override {
     // Copies, as the wire would: the sender may change its tensors once on_sent runs.

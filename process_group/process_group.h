@@ -76,6 +76,11 @@ class ProcessGroup {
   // Stops at once: pending work fails with kShutdown, peers see this rank leave, and the
   // MessagePort sharing the transport stops too. Idempotent.
   virtual void shutdown() = 0;
+
+  // Which link carries this rank's frames to `rank`: "grpc", "ucx", "memory" (in-memory
+  // groups) or "self". For diagnostics and tests. Thread-safe; throws kBadArgument for a
+  // rank out of range.
+  virtual std::string link_to(int rank) const = 0;
 };
 
 }  // namespace drpc

@@ -1,6 +1,7 @@
 // The ProcessGroup conformance suite with ranks as threads over real gRPC on loopback,
-// for world sizes 1 to 4, with the default algorithms and with every allreduce forced
-// through the chunked ring; then the error cases.
+// for world sizes 1 to 4, on each data plane (gRPC only, and UCX links between the ranks),
+// with the default algorithms and with every allreduce forced through the chunked ring; then
+// which link each pair chose, and the error cases.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <map>
 #include <thread>
+#include <tuple>
 
 #include "common/error.h"
 #include "testing/errors.h"
@@ -25,28 +27,37 @@ using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 using testing::ThreadGroup;
 
-GrpcProcessGroupOptions ring_options() {
+GrpcProcessGroupOptions group_options(bool ring, const std::string& data_plane) {
   GrpcProcessGroupOptions options;
-  options.ring_threshold_bytes = 0;  // every allreduce takes the ring...
-  options.chunk_bytes = 1000;        // ...in many odd-sized chunks
+  options.data_plane = data_plane;
+  if (ring) {
+    options.ring_threshold_bytes = 0;  // every allreduce takes the ring...
+    options.chunk_bytes = 1000;        // ...in many odd-sized chunks
+  }
   return options;
 }
 
 struct Param {
   int world_size;
   bool ring;
+  std::string data_plane;
   std::string case_name;
 };
 
-// One group per (world size, variant), kept for all the cases that use it.
-ThreadGroup& shared_group(int world_size, bool ring) {
-  static std::map<std::pair<int, bool>, ThreadGroup> groups;
-  auto key = std::make_pair(world_size, ring);
+// One group per (world size, variant, data plane), kept for all the cases that use it.
+ThreadGroup& shared_group(int world_size, bool ring, const std::string& data_plane) {
+  static std::map<std::tuple<int, bool, std::string>, ThreadGroup> groups;
+  auto key = std::make_tuple(world_size, ring, data_plane);
   auto it = groups.find(key);
   if (it == groups.end()) {
-    it = groups.emplace(key, testing::make_thread_group(
-                                 world_size, ring ? ring_options() : GrpcProcessGroupOptions{}))
-             .first;
+    it = groups.emplace(key, testing::make_thread_group(world_size, group_options(ring, data_plane))).first;
+    // The suite must run over the link it names: every pair chose it before start-up returned.
+    for (auto& rank : it->second.ranks) {
+      for (int peer = 0; peer < world_size; ++peer) {
+        const std::string expected = peer == rank.group->rank() ? "self" : data_plane;
+        EXPECT_EQ(rank.group->link_to(peer), expected) << "rank " << rank.group->rank() << " to " << peer;
+      }
+    }
   }
   return it->second;
 }
@@ -55,7 +66,7 @@ class Conformance : public ::testing::TestWithParam<Param> {};
 
 TEST_P(Conformance, Case) {
   const Param& p = GetParam();
-  ThreadGroup& group = shared_group(p.world_size, p.ring);
+  ThreadGroup& group = shared_group(p.world_size, p.ring, p.data_plane);
   for (const auto& c : testing::conformance_cases(/*large_bytes=*/1 << 20)) {
     if (c.name != p.case_name) continue;
     for (const auto& failure : testing::run_on_ranks(group, c.run)) ADD_FAILURE() << failure;
@@ -66,10 +77,12 @@ TEST_P(Conformance, Case) {
 
 std::vector<Param> all_params() {
   std::vector<Param> out;
-  for (bool ring : {false, true}) {
-    for (int world = 1; world <= 4; ++world) {
-      for (const auto& c : testing::conformance_cases()) {
-        if (world >= c.min_world_size) out.push_back({world, ring, c.name});
+  for (const std::string plane : {"grpc", "ucx"}) {
+    for (bool ring : {false, true}) {
+      for (int world = 1; world <= 4; ++world) {
+        for (const auto& c : testing::conformance_cases()) {
+          if (world >= c.min_world_size) out.push_back({world, ring, plane, c.name});
+        }
       }
     }
   }
@@ -78,9 +91,85 @@ std::vector<Param> all_params() {
 
 INSTANTIATE_TEST_SUITE_P(ThreadRanks, Conformance, ::testing::ValuesIn(all_params()),
                          [](const ::testing::TestParamInfo<Param>& info) {
-                           return std::string(info.param.ring ? "ring_" : "") + "world" +
-                                  std::to_string(info.param.world_size) + "_" + info.param.case_name;
+                           return info.param.data_plane + "_" + std::string(info.param.ring ? "ring_" : "") +
+                                  "world" + std::to_string(info.param.world_size) + "_" + info.param.case_name;
                          });
+
+// --- the data plane's choice ------------------------------------------------------------
+
+// Ranks 0..n-1 join one group, rank r with data_plane planes[r]; returns each rank's
+// link_to() of every rank.
+std::vector<std::vector<std::string>> links_chosen(const std::vector<std::string>& planes) {
+  auto store = create_in_memory_store();
+  const int n = static_cast<int>(planes.size());
+  std::vector<GroupEndpoints> ranks(n);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        GrpcProcessGroupOptions options;
+        options.data_plane = planes[r];
+        ranks[r] = create_grpc_group_endpoints(*store, r, n, options);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<std::vector<std::string>> links(n);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    if (!ranks[r].group) continue;
+    for (int peer = 0; peer < n; ++peer) links[r].push_back(ranks[r].group->link_to(peer));
+    // Frames flow both ways on whatever was chosen.
+  }
+  for (int r = 0; r < n; ++r) {
+    if (!ranks[r].group) continue;
+    threads[r] = std::thread([&, r] {
+      at::Tensor t = at::full({1000}, static_cast<float>(r + 1));
+      ranks[r].group->allreduce(t, ReduceOp::kSum)->wait();
+      if (!t.equal(at::full({1000}, static_cast<float>(n * (n + 1) / 2)))) errors[r] = "wrong allreduce sum";
+      ranks[r].group->barrier()->wait();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  for (auto& rank : ranks) {
+    if (rank.group) rank.group->shutdown();
+  }
+  return links;
+}
+
+TEST(DataPlane, AutoLinksRanksOnThisHostOverUcx) {
+  const auto links = links_chosen({"auto", "auto", "auto"});
+  ASSERT_EQ(links.size(), 3u);
+  EXPECT_EQ(links[0], (std::vector<std::string>{"self", "ucx", "ucx"}));
+  EXPECT_EQ(links[2], (std::vector<std::string>{"ucx", "ucx", "self"}));
+}
+
+TEST(DataPlane, APairStaysOnGrpcWhenEitherSideAsksForIt) {
+  const auto links = links_chosen({"grpc", "auto", "ucx"});
+  ASSERT_EQ(links.size(), 3u);
+  EXPECT_EQ(links[0], (std::vector<std::string>{"self", "grpc", "grpc"}));
+  EXPECT_EQ(links[1], (std::vector<std::string>{"grpc", "self", "ucx"}));
+  EXPECT_EQ(links[2], (std::vector<std::string>{"grpc", "ucx", "self"}));
+}
+
+TEST(DataPlane, UnknownNameIsRefused) {
+  auto store = create_in_memory_store();
+  GrpcProcessGroupOptions options;
+  options.data_plane = "infiniband";
+  Error e = expect_error([&] { create_grpc_process_group(*store, 0, 1, options); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(contains(e.what(), "infiniband")) << e.what();
+}
+
+TEST(DataPlane, LinkToRejectsRanksOutOfRange) {
+  auto group = testing::make_thread_group(1);
+  Error e = expect_error([&] { group.ranks[0].group->link_to(1); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+}
 
 // --- errors ----------------------------------------------------------------------------
 
@@ -122,7 +211,7 @@ void expect_error_on_every_rank(ThreadGroup& group, ErrorKind kind, const std::s
 
 TEST(ProcessGroupErrors, ShapeMismatchIsReportedOnEveryRank) {
   for (bool ring : {false, true}) {
-    ThreadGroup group = testing::make_thread_group(3, ring ? ring_options() : GrpcProcessGroupOptions{});
+    ThreadGroup group = testing::make_thread_group(3, ring ? group_options(/*ring=*/true, "auto") : GrpcProcessGroupOptions{});
     const auto start = Clock::now();
     expect_error_on_every_rank(group, ErrorKind::kMismatch, "Float[", [](ProcessGroup& g) {
       at::Tensor t = at::ones({g.rank() == 2 ? 5000 : 4000});

@@ -69,7 +69,13 @@ class Transport {
 
   // Closes every connection; the sink receives nothing afterwards. Idempotent.
   virtual void shutdown() = 0;
+
+  // The link frames to `rank` take (ProcessGroup::link_to). Thread-safe.
+  virtual std::string link_to(int rank) const = 0;
 };
+
+// Throws kBadArgument unless 0 <= rank < size.
+void check_link_rank(int rank, int size);
 
 // The most tensors one frame may carry. A meta is a few header bytes but its tensor costs
 // hundreds, so a receiver bounds the count before materialising any.
