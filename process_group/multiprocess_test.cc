@@ -5,6 +5,8 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <tuple>
 
 #include "testing/worker_processes.h"
 
@@ -15,16 +17,23 @@ std::vector<int> run_workers(int world_size, const std::string& scenario) {
   return testing::run_worker_processes("process_group/conformance_worker", world_size, scenario);
 }
 
-class ProcessRanks : public ::testing::TestWithParam<int> {};
+// World size, and the data plane the workers take from DRPC_DATA_PLANE.
+class ProcessRanks : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
 
 TEST_P(ProcessRanks, Conformance) {
-  const auto codes = run_workers(GetParam(), "conformance");
+  setenv("DRPC_DATA_PLANE", std::get<1>(GetParam()).c_str(), 1);
+  const auto codes = run_workers(std::get<0>(GetParam()), "conformance");
+  unsetenv("DRPC_DATA_PLANE");
   for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, ProcessRanks, ::testing::Values(1, 2, 3, 4),
-                         [](const auto& info) { return "world" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ProcessRanks,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("grpc", "auto")),
+                         [](const auto& info) {
+                           return std::get<1>(info.param) + "_world" + std::to_string(std::get<0>(info.param));
+                         });
 
+// On the default data plane: UCX links between these processes.
 TEST(ProcessRanksFailure, PeerKilledMidCollective) {
   const auto codes = run_workers(3, "peer_killed");
   EXPECT_EQ(codes[0], 0);

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 
 #include "common/error.h"
@@ -27,6 +28,15 @@ using std::chrono::milliseconds;
 
 int run_conformance_scenario(ProcessGroup& group, MessagePort& messages) {
   auto failures = testing::run_conformance(group, messages);
+  // Every pair is on the link DRPC_DATA_PLANE asks for ("auto": UCX, all ranks being on this host).
+  const char* plane = std::getenv("DRPC_DATA_PLANE");
+  const std::string expected = plane != nullptr && std::string(plane) == "grpc" ? "grpc" : "ucx";
+  for (int peer = 0; peer < group.size(); ++peer) {
+    const std::string link = group.link_to(peer);
+    if (peer != group.rank() && link != expected) {
+      failures.push_back("frames to rank " + std::to_string(peer) + " go over " + link + ", not " + expected);
+    }
+  }
   for (const auto& f : failures) std::cerr << "rank " << group.rank() << ": " << f << "\n";
   group.barrier()->wait();  // nobody leaves while a peer may still need it
   return failures.empty() ? 0 : 1;
