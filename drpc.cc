@@ -277,6 +277,7 @@ ProcessGroupFactory grpc_process_group_factory() {
     pg.security = security_options(options);
     pg.heartbeat_interval = options.heartbeat_interval;
     pg.heartbeat_misses = options.heartbeat_misses;
+    pg.data_plane = options.data_plane;
     return create_grpc_group_endpoints(store, rank, world_size, pg);
   };
 }

@@ -65,6 +65,12 @@ struct Options {
   // heartbeat_misses intervals is declared failed and calls to it fail at once (0: off).
   std::chrono::milliseconds heartbeat_interval{1000};
   int heartbeat_misses = 10;
+  // The data plane between workers: "auto" (UCX shared memory between workers on one host,
+  // gRPC between hosts), "ucx" (UCX between all workers: across hosts on UCX's TCP or RDMA,
+  // unencrypted and unauthenticated, for trusted networks only) or "grpc". Empty: the
+  // DRPC_DATA_PLANE environment variable, else "auto". A pair whose UCX link cannot be
+  // opened stays on gRPC (--v=1 says why).
+  std::string data_plane;
   std::string backend = "process_group";
   std::vector<std::pair<std::string, std::string>> scripts;  // TorchScript to host: name, path
   // Autograd contexts created by another worker and unused this long are reclaimed.

@@ -2,10 +2,13 @@
 # One distributed training step (remote Linear(256,256) layers, local head, MSE, distributed
 # backward, DistributedOptimizer SGD, batch 32): drpc against PyTorch's
 # torch.distributed.autograd (Debian's python3-torch), world sizes 2 and 3, side by side.
-#   tools/bench/dist_autograd.sh [STEPS]
+#   tools/bench/dist_autograd.sh [--data_plane=grpc|ucx|auto] [STEPS]
+#   (--data_plane: the link between drpc's workers, default auto; tools/bench/data_plane.sh)
 # Last line: ratios step_w2=X step_w3=X (PyTorch's step time over drpc's; higher is better).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source tools/bench/data_plane.sh
+set -- "${bench_args[@]+"${bench_args[@]}"}"
 tools/install_deps.sh --bench
 iters=${1:-100}
 bazel build -c opt //tools/bench:rpc_bench >/dev/null 2>&1 || bazel build -c opt //tools/bench:rpc_bench

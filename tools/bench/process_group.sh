@@ -3,9 +3,12 @@
 # this machine: 64 MiB float32 allreduce bus bandwidth, 4-byte allreduce latency and
 # barrier latency, for world sizes 2 and 4. Ratios are drpc over Gloo for bandwidth and
 # Gloo over drpc for latency: higher is better for drpc.
-#   tools/bench/process_group.sh [LARGE_ITERS [SMALL_ITERS]]
+#   tools/bench/process_group.sh [--data_plane=grpc|ucx|auto] [LARGE_ITERS [SMALL_ITERS]]
+#   (--data_plane: the link between drpc's workers, default auto; tools/bench/data_plane.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source tools/bench/data_plane.sh
+set -- "${bench_args[@]+"${bench_args[@]}"}"
 tools/install_deps.sh --bench
 large=${1:-5}
 small=${2:-1000}

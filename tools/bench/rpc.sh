@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # drpc against PyTorch's torch.distributed.rpc (TensorPipe, Debian's python3-torch) and a
 # raw TCP ping-pong, side by side, two workers on loopback.
-#   tools/bench/rpc.sh [--python] [SYNC_CALLS [ASYNC_CALLS [ECHO_ITERS]]]
+#   tools/bench/rpc.sh [--python] [--data_plane=grpc|ucx|auto] [SYNC_CALLS [ASYNC_CALLS [ECHO_ITERS]]]
+#   (--data_plane: the link between drpc's workers, default auto; tools/bench/data_plane.sh)
 # Last line: ratios sync_latency=X async_throughput=X echo_64mb=X sync_vs_tcp=X
 # (each drpc against PyTorch, higher is better for drpc; sync_vs_tcp = drpc's latency
 # over raw TCP's, lower is better).
@@ -13,6 +14,8 @@
 # DRPC_BAZEL replaces the bazel command, for startup options (as in tools/python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source tools/bench/data_plane.sh
+set -- "${bench_args[@]+"${bench_args[@]}"}"
 python=0
 if [ "${1:-}" = "--python" ]; then
   python=1
