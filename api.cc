@@ -41,8 +41,10 @@ void init_rpc(const std::string& name, int rank, int world_size, const Options& 
     std::lock_guard<std::mutex> lock(default_mu());
     if (default_runtime()) throw Error(ErrorKind::kBadArgument, "init_rpc was already called in this process");
   }
+  // This process's worker, for lines of threads not its own: set first, since the network's
+  // threads log while the worker joins (which link each peer takes, who is late).
+  set_process_log_tag(name, rank);
   auto runtime = Runtime::create(name, rank, world_size, options);
-  set_process_log_tag(name, rank);  // this process's worker, for lines of threads not its own
   std::lock_guard<std::mutex> lock(default_mu());
   default_runtime() = std::move(runtime);
 }
