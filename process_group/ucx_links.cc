@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -36,6 +37,10 @@ constexpr size_t kContiguousBytes = 64 * 1024;
 // reply that follows a request closely is picked up without a wake-up, and an idle worker
 // costs no CPU.
 constexpr auto kSpin = std::chrono::microseconds(50);
+// Tensors at least this large are used in place by the receiver when their bytes are
+// aligned (tensor_from_body): the sender pads the header so that the first one is.
+constexpr size_t kInPlaceBytes = 64 * 1024;
+constexpr size_t kAlignment = 64;
 // How long shutdown waits for sends in flight before it closes the links regardless.
 constexpr auto kCloseTimeout = std::chrono::milliseconds(500);
 
@@ -53,6 +58,25 @@ bool same_secret(const uint8_t* data, const std::string& secret) {
   uint8_t diff = 0;
   for (size_t i = 0; i < kLinkSecretBytes; ++i) diff |= data[i] ^ static_cast<uint8_t>(secret[i]);
   return diff == 0;
+}
+
+// `header` with padding that puts the bytes of the first tensor of kInPlaceBytes or more
+// at a multiple of kAlignment from the message's start (which the receiver aligns).
+pg::FrameHeader padded_header(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors) {
+  size_t before = 0;
+  for (const auto& t : tensors) {
+    if (t.nbytes() >= kInPlaceBytes) {
+      pg::FrameHeader padded = header;
+      for (size_t pad = 0; pad < 2 * kAlignment; ++pad) {
+        padded.set_padding(std::string(pad, '\0'));
+        const size_t start = kPrefixBytes + sizeof(uint32_t) + padded.ByteSizeLong() + before;
+        if (start % kAlignment == 0) return padded;
+      }
+      return header;
+    }
+    before += t.nbytes();
+  }
+  return header;
 }
 
 std::string ucx_error(const std::string& what, ucs_status_t status) {
@@ -207,8 +231,8 @@ class Links final : public UcxLinks {
   void send(int peer, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
             SendCallback on_sent) override {
     auto op = std::make_unique<SendOp>();
-    post(peer, std::move(op), /*probe=*/false, [&](LinkPieces& pieces) { encode_frame(header, tensors, pieces); },
-         std::move(on_sent));
+    post(peer, std::move(op), /*probe=*/false,
+         [&](LinkPieces& pieces) { encode_frame(padded_header(header, tensors), tensors, pieces); }, std::move(on_sent));
   }
 
   void fail_peer(int peer, const Error& why) override {
@@ -374,14 +398,16 @@ class Links final : public UcxLinks {
     op->links = this;
     op->source = info.sender_tag < static_cast<ucp_tag_t>(size_) ? static_cast<int>(info.sender_tag) : -1;
     op->size = info.length;
-    try {
-      op->buffer.reset(new uint8_t[std::max<size_t>(op->size, 1)], std::default_delete<uint8_t[]>());
-    } catch (const std::bad_alloc&) {
+    // Aligned, so that large tensors can be used where they landed (see padded_header).
+    const size_t capacity = (std::max<size_t>(op->size, 1) + kAlignment - 1) / kAlignment * kAlignment;
+    auto* memory = capacity >= op->size ? static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity)) : nullptr;
+    if (memory == nullptr) {
       // A length no one could send honestly: take the message in truncated, and drop it.
       op->source = -1;
       op->size = 1;
-      op->buffer.reset(new uint8_t[1], std::default_delete<uint8_t[]>());
+      memory = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, kAlignment));
     }
+    op->buffer.reset(memory, [](uint8_t* p) { std::free(p); });
     if (op->source >= 0 && op->source != rank_) {
       peers_[op->source]->receiving.push_back(op);
     } else {

@@ -129,7 +129,12 @@ TEST(UcxLinks, ProbeThenFramesInOrderOnceOpened) {
     EXPECT_EQ(f.header.tag(), i);
     if (i % 5 == 3) {
       ASSERT_EQ(f.header.tensors_size(), 1);
-      EXPECT_TRUE(tensor_from_body(f, f.header.tensors(0), 0).equal(large)) << "frame " << i;
+      const at::Tensor received = tensor_from_body(f, f.header.tensors(0), 0);
+      EXPECT_TRUE(received.equal(large)) << "frame " << i;
+      // Used where it landed: the sender aligned it, so the receiver copied nothing.
+      ASSERT_EQ(f.body.size(), 1u);
+      EXPECT_GE(static_cast<const uint8_t*>(received.data_ptr()), f.body[0].data) << "frame " << i;
+      EXPECT_LT(static_cast<const uint8_t*>(received.data_ptr()), f.body[0].data + f.body[0].size);
     }
     if (i % 5 == 1) {
       EXPECT_TRUE(tensor_from_body(f, f.header.tensors(0), 0).equal(at::full({3}, static_cast<float>(i))));
