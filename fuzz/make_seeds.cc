@@ -134,6 +134,21 @@ void frame_seeds(const fs::path& dir, const std::vector<Message>& traffic) {
   write(dir, "two_frames_abort_goodbye", wire_frame(abort, {}) + wire_frame(goodbye, {}));
 }
 
+// link_message_fuzzer's input: [1 if the pair's secret goes first][the rest of the message].
+void link_message_seeds(const fs::path& dir) {
+  const std::string with_secret(1, '\1');
+  write(dir, "probe", with_secret + std::string(1, '\1'));
+  pg::FrameHeader p2p;
+  p2p.set_kind(pg::FrameHeader::P2P);
+  p2p.set_tag(7);
+  const std::string frames_type(1, '\0');
+  write(dir, "frames_p2p", with_secret + frames_type + wire_frame(p2p, {at::arange(6, at::kFloat)}));
+  pg::FrameHeader heartbeat;
+  heartbeat.set_kind(pg::FrameHeader::HEARTBEAT);
+  write(dir, "frames_two", with_secret + frames_type + wire_frame(heartbeat, {}) + wire_frame(p2p, {}));
+  write(dir, "without_secret", std::string(1, '\0') + std::string(16, 'x') + frames_type + wire_frame(p2p, {}));
+}
+
 void value_seeds(const fs::path& dir) {
   // The value fuzzer's message brings four tensors; seeds refer to at most those.
   auto encoded = [](const c10::IValue& v) {
@@ -200,6 +215,7 @@ int main(int argc, char** argv) {
   try {
     const auto traffic = drpc::fuzz::record_traffic();
     drpc::fuzz::frame_seeds(out / "frame", traffic);
+    drpc::fuzz::link_message_seeds(out / "link_message");
     drpc::fuzz::value_seeds(out / "value_codec");
     drpc::fuzz::message_seeds(out / "rref", out / "autograd", traffic);
   } catch (const std::exception& e) {

@@ -156,6 +156,18 @@ TEST(DataPlane, APairStaysOnGrpcWhenEitherSideAsksForIt) {
   EXPECT_EQ(links[2], (std::vector<std::string>{"grpc", "ucx", "self"}));
 }
 
+TEST(DataPlane, APairWhoseUcxLinkCannotOpenStaysOnGrpcAndWorks) {
+  // Rank 0 asks for UCX but may use only UCX's TCP transport (UCX_TLS); rank 1 ("auto") offers
+  // only shared memory. Neither can reach the other over UCX: both directions stay on gRPC,
+  // and the allreduce in links_chosen still runs.
+  setenv("UCX_TLS", "tcp", 1);
+  const auto links = links_chosen({"ucx", "auto"});
+  unsetenv("UCX_TLS");
+  ASSERT_EQ(links.size(), 2u);
+  EXPECT_EQ(links[0], (std::vector<std::string>{"self", "grpc"}));
+  EXPECT_EQ(links[1], (std::vector<std::string>{"grpc", "self"}));
+}
+
 TEST(DataPlane, UnknownNameIsRefused) {
   auto store = create_in_memory_store();
   GrpcProcessGroupOptions options;

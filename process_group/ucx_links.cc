@@ -18,6 +18,7 @@
 #include <random>
 #include <shared_mutex>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "process_group/frame.h"
@@ -124,9 +125,11 @@ class Links;
 
 struct SendOp {
   Links* links;
+  uint64_t id;  // the key in Links::pending_
   int peer;
   LinkPieces pieces;
-  SendCallback on_sent;  // guarded by Links::mu_; null once told
+  SendCallback on_sent;     // guarded by Links::mu_; null once told
+  void* request = nullptr;  // guarded by Links::mu_: UCX's, while it is in flight
 };
 
 struct RecvOp {
@@ -134,7 +137,8 @@ struct RecvOp {
   int source;
   std::shared_ptr<uint8_t> buffer;
   size_t size;
-  std::atomic<bool> done{false};
+  void* request = nullptr;  // UCX's, while in flight (the progress thread's)
+  bool done = false;
   bool ok = false;
 };
 
@@ -241,7 +245,7 @@ class Links final : public UcxLinks {
       std::lock_guard<std::mutex> lock(mu_);
       if (peers_.at(peer)->failed) return;
       peers_[peer]->failed = why;
-      for (SendOp* op : pending_) {
+      for (auto& [id, op] : pending_) {
         if (op->peer == peer && op->on_sent) failed.push_back(std::move(op->on_sent));
       }
     }
@@ -263,13 +267,24 @@ class Links final : public UcxLinks {
     ucp_worker_signal(worker_);
     if (progress_thread_.joinable()) progress_thread_.join();
     close_endpoints();
-    // What is still in flight now never completes.
+    // What is still in flight now never completes: UCX forgets it (no callback follows), and
+    // the senders are told.
     std::vector<SendCallback> failed;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (SendOp* op : pending_) {
+      for (auto& [id, op] : pending_) {
+        if (op->request != nullptr) ucp_request_free(op->request);
+        op->request = nullptr;
         if (op->on_sent) failed.push_back(std::move(op->on_sent));
       }
+    }
+    for (auto& peer : peers_) {
+      for (RecvOp* op : peer->receiving) {
+        if (!op->done && op->request != nullptr) ucp_request_free(op->request);
+      }
+    }
+    for (RecvOp* op : strays_) {
+      if (!op->done && op->request != nullptr) ucp_request_free(op->request);
     }
     const auto error = std::make_exception_ptr(Error(ErrorKind::kShutdown, "the UCX links are shut down"));
     for (auto& cb : failed) cb(error);
@@ -281,7 +296,7 @@ class Links final : public UcxLinks {
     SendCallback on_sent;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      pending_.erase(op);
+      pending_.erase(op->id);
       on_sent = std::move(op->on_sent);
     }
     if (on_sent) {
@@ -343,8 +358,10 @@ class Links final : public UcxLinks {
       if (stopped_) throw Error(ErrorKind::kShutdown, "the UCX links are shut down");
       if (link.failed) throw *link.failed;
       op->on_sent = std::move(on_sent);
-      pending_.insert(op.get());
+      op->id = next_op_id_++;
+      pending_.emplace(op->id, op.get());
     }
+    const uint64_t id = op->id;
     SendOp* raw = op.release();
     const ucs_status_ptr_t request = ucp_tag_send_nbx(link.ep, buffer, count, static_cast<ucp_tag_t>(rank_), &param);
     ep_lock.unlock();  // the callback may send again
@@ -353,6 +370,12 @@ class Links final : public UcxLinks {
     } else if (UCS_PTR_IS_ERR(request)) {
       send_done(raw, UCS_PTR_STATUS(request));
     } else {
+      {
+        // Unless it completed meanwhile (and `raw` is gone), shutdown may have to release it.
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = pending_.find(id);
+        if (it != pending_.end()) it->second->request = request;
+      }
       ucp_worker_signal(worker_);  // the progress thread drives it from here
     }
   }
@@ -426,6 +449,8 @@ class Links final : public UcxLinks {
     if (request == nullptr || UCS_PTR_IS_ERR(request)) {
       op->ok = request == nullptr;
       op->done = true;
+    } else {
+      op->request = request;  // callbacks run on this thread, in progress: not yet
     }
   }
 
@@ -501,9 +526,7 @@ class Links final : public UcxLinks {
       if (!waiting) break;
       ucp_worker_progress(worker_);
     }
-    for (auto request : closing) {
-      if (ucp_request_check_status(request) != UCS_INPROGRESS) ucp_request_free(request);
-    }
+    for (auto request : closing) ucp_request_free(request);  // done, or given up on
   }
 
   void cleanup() {
@@ -514,7 +537,7 @@ class Links final : public UcxLinks {
     if (epoll_fd_ >= 0) close(epoll_fd_);
     epoll_fd_ = -1;
     std::lock_guard<std::mutex> lock(mu_);
-    for (SendOp* op : pending_) delete op;
+    for (auto& [id, op] : pending_) delete op;
     pending_.clear();
     for (auto& peer : peers_) {
       for (RecvOp* op : peer->receiving) delete op;
@@ -541,7 +564,8 @@ class Links final : public UcxLinks {
   std::shared_mutex ep_mu_;
   std::mutex mu_;
   // Guarded by mu_.
-  std::unordered_set<SendOp*> pending_;
+  std::unordered_map<uint64_t, SendOp*> pending_;
+  uint64_t next_op_id_ = 0;
   bool stopped_ = false;
 };
 
@@ -571,7 +595,11 @@ std::string this_host_id() {
   gethostname(host, sizeof(host) - 1);
   std::string boot_id;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
-  return std::string(host) + "/" + boot_id;
+  // Processes in other network namespaces (other containers) count as other hosts: they
+  // usually cannot share memory with us, and are meant to be reached over their network.
+  char net[64] = {};
+  const ssize_t n = readlink("/proc/self/ns/net", net, sizeof(net) - 1);
+  return std::string(host) + "/" + boot_id + "/" + (n > 0 ? std::string(net, n) : std::string());
 }
 
 std::string link_message_prefix(const std::string& secret, bool probe) {

@@ -35,7 +35,8 @@ enum class DataPlane {
 DataPlane parse_data_plane(const std::string& name);
 const char* data_plane_name(DataPlane plane);
 
-// Identifies this host: peers with the same id may share memory.
+// Identifies this host (its name, boot and network namespace): peers with the same id may
+// share memory.
 std::string this_host_id();
 
 // Where the links deliver what arrives. Called on the progress thread, in order per source;
