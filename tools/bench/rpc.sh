@@ -54,6 +54,8 @@ printf '%-10s drpc=%-9s pytorch=%-9s\n' sync_us "$(field "$drpc" sync_us)" "$(fi
 printf '%-10s drpc=%-9s pytorch=%-9s\n' async_cps "$(field "$drpc" async_cps)" "$(field "$torch" async_cps)"
 printf '%-10s drpc=%-9s pytorch=%-9s\n' echo_MBps "$(field "$drpc" echo_MBps)" "$(field "$torch" echo_MBps)"
 printf '%-10s tcp=%s\n' tcp_us "$(field "$drpc" tcp_us)"
+printf '%-10s sync=%s async=%s (drpc, both workers, user + system)\n' cpu_s_per_10k \
+  "$(field "$drpc" sync_cpu_s_per_10k)" "$(field "$drpc" async_cpu_s_per_10k)"
 echo "ratios sync_latency=$(ratio "$(field "$torch" sync_us)" "$(field "$drpc" sync_us)")" \
      "async_throughput=$(ratio "$(field "$drpc" async_cps)" "$(field "$torch" async_cps)")" \
      "echo_64mb=$(ratio "$(field "$drpc" echo_MBps)" "$(field "$torch" echo_MBps)")" \

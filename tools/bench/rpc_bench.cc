@@ -1,8 +1,10 @@
 // drpc's side of tools/bench/rpc.sh: two workers on loopback; worker0 prints
-//   sync_us=X async_cps=X echo_MBps=X tcp_us=X
+//   sync_us=X async_cps=X echo_MBps=X tcp_us=X sync_cpu_s_per_10k=X async_cpu_s_per_10k=X
 // rpc_sync of aten::add on two 2-element tensors (us per call), rpc_async pipelined
 // (calls per second, 10,000 calls in batches of 1,000 in flight), a 64 MiB tensor echoed
-// (payload MB per second of round trip), and a raw TCP ping-pong of 8 bytes as the floor.
+// (payload MB per second of round trip), and a raw TCP ping-pong of 8 bytes as the floor;
+// and the CPU time both workers spent (all their threads: user + system) per 10,000 calls
+// in the sync and async phases.
 
 #include <arpa/inet.h>
 #include <gflags/gflags.h>
@@ -10,6 +12,7 @@
 #include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -133,6 +136,43 @@ void autograd_steps() {
   std::printf("step_ms=%.3f\n", seconds_since(start) / FLAGS_iters * 1e3);
 }
 
+// CPU seconds this process has used (every thread, user + system).
+double process_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+// Both workers' CPU seconds between two marks worker0 sets in the store: worker1 reads its
+// own at each mark and reports the difference.
+class PhaseCpu {
+ public:
+  PhaseCpu(drpc::Store& store, std::string phase) : store_(store), phase_(std::move(phase)) {}
+  // worker0: the phase starts / ends; returns both workers' CPU seconds at end().
+  void start() {
+    start_ = process_cpu_seconds();
+    store_.set(phase_ + "/start", "1");
+  }
+  double end() {
+    const double mine = process_cpu_seconds() - start_;
+    store_.set(phase_ + "/end", "1");
+    return mine + std::stod(store_.get(phase_ + "/cpu1", std::chrono::seconds(60)));
+  }
+  // worker1: measures itself across worker0's marks.
+  void follow() {
+    store_.get(phase_ + "/start", std::chrono::minutes(5));
+    const double start = process_cpu_seconds();
+    store_.get(phase_ + "/end", std::chrono::minutes(5));
+    store_.set(phase_ + "/cpu1", std::to_string(process_cpu_seconds() - start));
+  }
+
+ private:
+  drpc::Store& store_;
+  const std::string phase_;
+  double start_ = 0;
+};
+
 int run_worker() {
   at::set_num_threads(1);
   auto store = drpc::connect_store("127.0.0.1", FLAGS_store_port, std::chrono::seconds(30));
@@ -149,13 +189,21 @@ int run_worker() {
     return 0;
   }
   const double tcp_us = tcp_pingpong_us(*store, FLAGS_rank, 5000);
+  PhaseCpu sync_cpu(*store, "sync"), async_cpu(*store, "async");
+  if (FLAGS_rank == 1) {
+    sync_cpu.follow();
+    async_cpu.follow();
+  }
   if (FLAGS_rank == 0) {
     at::Tensor a = at::ones({2}), b = at::ones({2});
     for (int i = 0; i < 200; ++i) drpc::rpc_sync("worker1", "aten::add", {a, b});
+    sync_cpu.start();
     auto start = Clock::now();
     for (int i = 0; i < FLAGS_sync_calls; ++i) drpc::rpc_sync("worker1", "aten::add", {a, b});
     const double sync_us = seconds_since(start) / FLAGS_sync_calls * 1e6;
+    const double sync_cpu_per_10k = sync_cpu.end() / FLAGS_sync_calls * 1e4;
 
+    async_cpu.start();
     start = Clock::now();
     for (int done = 0; done < FLAGS_async_calls; done += 1000) {
       std::vector<drpc::FuturePtr> futures;
@@ -163,13 +211,15 @@ int run_worker() {
       drpc::wait_all(futures);
     }
     const double async_cps = FLAGS_async_calls / seconds_since(start);
+    const double async_cpu_per_10k = async_cpu.end() / FLAGS_async_calls * 1e4;
 
     at::Tensor big = at::ones({16 << 20});  // 64 MiB
     drpc::rpc_sync("worker1", "bench.echo", {big});
     start = Clock::now();
     for (int i = 0; i < FLAGS_echo_iters; ++i) drpc::rpc_sync("worker1", "bench.echo", {big});
     const double echo_mbps = big.nbytes() / (seconds_since(start) / FLAGS_echo_iters) / 1e6;
-    std::printf("sync_us=%.1f async_cps=%.0f echo_MBps=%.0f tcp_us=%.1f\n", sync_us, async_cps, echo_mbps, tcp_us);
+    std::printf("sync_us=%.1f async_cps=%.0f echo_MBps=%.0f tcp_us=%.1f sync_cpu_s_per_10k=%.2f async_cpu_s_per_10k=%.2f\n",
+                sync_us, async_cps, echo_mbps, tcp_us, sync_cpu_per_10k, async_cpu_per_10k);
     std::fflush(stdout);
   }
   drpc::shutdown(true);
