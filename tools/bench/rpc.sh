@@ -29,7 +29,7 @@ bazel=${DRPC_BAZEL:-bazel}
 $bazel build -c opt //tools/bench:rpc_bench >/dev/null 2>&1 || $bazel build -c opt //tools/bench:rpc_bench
 bin=$($bazel info -c opt bazel-bin 2>/dev/null)/tools/bench/rpc_bench
 
-field() { echo "$1" | grep -o "$2=[0-9.]*" | cut -d= -f2; }
+field() { echo "$1" | grep -oE "(^| )$2=[0-9.]*" | cut -d= -f2; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }'; }
 
 drpc=$(GLOG_minloglevel=2 "$bin" --sync_calls="$sync" --async_calls="$async" --echo_iters="$echo_iters" | tail -1)
