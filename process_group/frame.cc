@@ -61,7 +61,7 @@ void Frame::copy_body(size_t offset, void* dst, size_t len) const {
   if (len != 0) throw Error(ErrorKind::kInternal, "frame body is shorter than its header says");
 }
 
-void check_link_rank(int rank, int size) {
+void check_rank_in_world(int rank, int size) {
   if (rank < 0 || rank >= size) {
     throw Error(ErrorKind::kBadArgument,
                 "rank " + std::to_string(rank) + " is out of range for world size " + std::to_string(size));

@@ -158,10 +158,7 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
                   options.heartbeat_misses),
         service_(*this) {
     if (size <= 0) throw Error(ErrorKind::kBadArgument, "world size must be positive, got " + std::to_string(size));
-    if (rank < 0 || rank >= size) {
-      throw Error(ErrorKind::kBadArgument, "rank " + std::to_string(rank) +
-                                               " is out of range for world size " + std::to_string(size));
-    }
+    check_rank_in_world(rank, size);
     for (int r = 0; r < size; ++r) peers_.push_back(std::make_unique<Peer>());
     if (options_.data_plane != DataPlane::kGrpc && size_ > 1) {
       std::string why_not;
@@ -186,7 +183,7 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
   int size() const override { return size_; }
 
   std::string link_to(int rank) const override {
-    check_link_rank(rank, size_);
+    check_rank_in_world(rank, size_);
     if (rank == rank_) return "self";
     std::shared_lock<std::shared_mutex> lock(peers_[rank]->route_mu);
     return peers_[rank]->on_link ? "ucx" : "grpc";
@@ -272,8 +269,13 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
       offer.set_link_secret(links_->inbound_secret(peer));
       offer.set_host_id(host_id_);
     }
+    send_on_grpc(peer, offer);
+  }
+
+  // Sends one of the data plane's control frames, which travel on gRPC whatever the route.
+  void send_on_grpc(int peer, const pg::FrameHeader& header) {
     try {
-      peers_[peer]->outbox.send(offer, {}, nullptr);
+      peers_[peer]->outbox.send(header, {}, nullptr);
     } catch (const Error&) {
       // The stream is closing; its own failure report covers it.
     }
@@ -447,13 +449,7 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
     deliver_frames(source, std::move(frames), /*on_grpc=*/false);
   }
 
-  void on_link_probe(int source) override {
-    try {
-      peers_[source]->outbox.send(control_header(pg::FrameHeader::LINK_READY), {}, nullptr);
-    } catch (const Error&) {
-      // The stream is closing; its own failure report covers it.
-    }
-  }
+  void on_link_probe(int source) override { send_on_grpc(source, control_header(pg::FrameHeader::LINK_READY)); }
 
   void on_link_failed(int source, const Error& why) override {
     LOG(ERROR) << "rank " << rank_ << ": " << why.message() << "; closing the connection";

@@ -110,7 +110,7 @@ class InMemoryTransport final : public Transport {
   int size() const override { return fabric_->size(); }
 
   std::string link_to(int rank) const override {
-    check_link_rank(rank, size());
+    check_rank_in_world(rank, size());
     return rank == rank_ ? "self" : "memory";
   }
 

@@ -74,8 +74,8 @@ class Transport {
   virtual std::string link_to(int rank) const = 0;
 };
 
-// Throws kBadArgument unless 0 <= rank < size.
-void check_link_rank(int rank, int size);
+// Throws kBadArgument ("rank R is out of range for world size N") unless 0 <= rank < size.
+void check_rank_in_world(int rank, int size);
 
 // The most tensors one frame may carry. A meta is a few header bytes but its tensor costs
 // hundreds, so a receiver bounds the count before materialising any.
