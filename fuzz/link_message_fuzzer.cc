@@ -1,10 +1,10 @@
-// A UCX link's message decoder (process_group/ucx_links.cc) on hostile bytes: what a peer,
-// or anyone who can reach this worker's UCX address, puts in a message. The first input
-// byte chooses whether the message starts with the pair's secret (a peer that holds it)
-// or is taken as it is (anyone else).
-// Properties: a message without the secret is refused whatever follows; one with it is
-// either a probe of exactly the prefix, or frames that decode_wire_frames accepts (the
-// same frames), or refused with the reason; nothing else happens.
+// A UCX link's message format (process_group/ucx_link_message.h) on hostile bytes: what a
+// peer, or anyone who can reach this worker's UCX address, puts in a message. The first input
+// byte chooses whether the message starts with the pair's secret (a peer that holds it) or
+// is taken as it is (anyone else).
+// Properties: a message without the secret is refused whatever follows; one with it is a
+// probe of exactly the prefix, or frames (with bodies spliced in where the table says) that
+// decode_wire_frames reads the same from the message made whole, or refused with the reason.
 
 #include <cstdint>
 #include <string>
@@ -12,22 +12,20 @@
 
 #include "fuzz/check.h"
 #include "process_group/transport.h"
-#include "process_group/ucx_links.h"
+#include "process_group/ucx_link_message.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string secret(drpc::kLinkSecretBytes, '\x5a');
   const bool with_secret = data[0] & 1;
-  std::string message(reinterpret_cast<const char*>(data + 1), size - 1);
-  if (with_secret) message = secret + message;
+  std::string bytes(reinterpret_cast<const char*>(data + 1), size - 1);
+  if (with_secret) bytes = secret + bytes;
 
-  bool is_probe = false;
-  std::vector<drpc::Frame> frames;
+  drpc::LinkMessage message;
   std::string problem;
-  const bool ok = drpc::decode_link_message(reinterpret_cast<const uint8_t*>(message.data()), message.size(), secret,
-                                            nullptr, 1, &is_probe, &frames, &problem);
-  const bool has_secret = message.size() >= drpc::kLinkSecretBytes &&
-                          message.compare(0, drpc::kLinkSecretBytes, secret) == 0;
+  const bool ok = drpc::parse_link_message(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), secret,
+                                           &message, &problem);
+  const bool has_secret = bytes.size() >= drpc::kLinkSecretBytes && bytes.compare(0, drpc::kLinkSecretBytes, secret) == 0;
   if (!has_secret) {
     FUZZ_CHECK(!ok, "a message without the secret was accepted");
     return 0;
@@ -36,19 +34,42 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(!problem.empty(), "a refused message has no reason");
     return 0;
   }
-  const size_t prefix = drpc::kLinkSecretBytes + 1;
-  if (is_probe) {
-    FUZZ_CHECK(message.size() == prefix, "a probe with a body was accepted");
-    FUZZ_CHECK(frames.empty(), "a probe carried frames");
+  if (message.type == drpc::LinkMessageType::kProbe) {
+    FUZZ_CHECK(bytes.size() == drpc::kLinkPrefixBytes, "a probe with a body was accepted");
+    return 0;
+  }
+  // The bodies, as the receiver would get them (here: zeros), within reason for memory.
+  uint64_t body_bytes = 0;
+  for (const auto& body : message.bodies) {
+    FUZZ_CHECK(body.size > 0 && (body.tag & drpc::kLinkBodyTagBit), "an empty or head-tagged body was accepted");
+    body_bytes += body.size;
+    if (body_bytes > (1u << 20)) return 0;
+  }
+  std::vector<std::string> storage;
+  std::vector<drpc::ByteSpan> bodies;
+  for (const auto& body : message.bodies) storage.emplace_back(body.size, '\0');
+  for (const auto& body : storage) bodies.push_back({reinterpret_cast<const uint8_t*>(body.data()), body.size()});
+  std::vector<drpc::Frame> frames;
+  if (!drpc::link_message_frames(message, bodies, nullptr, 1, &frames, &problem)) {
+    FUZZ_CHECK(!problem.empty(), "refused frames have no reason");
     return 0;
   }
   FUZZ_CHECK(!frames.empty(), "a frames message without frames was accepted");
-  const auto* body = reinterpret_cast<const uint8_t*>(message.data()) + prefix;
-  const auto again = drpc::decode_wire_frames({drpc::ByteSpan{body, message.size() - prefix}}, nullptr, 1);
+  // The same frames from the message made whole in one piece.
+  std::string whole(reinterpret_cast<const char*>(message.frames), message.frames_size);
+  uint64_t cut = 0;
+  for (size_t i = 0; i < message.bodies.size(); ++i) {
+    whole.insert(message.bodies[i].offset, storage[i]);
+    cut += message.bodies[i].size;
+  }
+  FUZZ_CHECK(whole.size() == message.frames_size + cut, "bodies were spliced outside the frames");
+  const auto again = drpc::decode_wire_frames({drpc::ByteSpan{reinterpret_cast<const uint8_t*>(whole.data()),
+                                                              whole.size()}}, nullptr, 1);
   FUZZ_CHECK(again.size() == frames.size(), "the frames differ from decode_wire_frames'");
   for (size_t i = 0; i < frames.size(); ++i) {
     FUZZ_CHECK(frames[i].source == 1, "a frame lost its source");
     FUZZ_CHECK(frames[i].header.SerializeAsString() == again[i].header.SerializeAsString(), "a header differs");
+    FUZZ_CHECK(frames[i].body_size() == again[i].body_size(), "a body's size differs");
   }
   return 0;
 }

@@ -23,6 +23,7 @@
 #include "common/error_wire.h"
 #include "fuzz/world.h"
 #include "process_group/transport.h"
+#include "process_group/ucx_link_message.h"
 #include "rpc/value_codec.h"
 #include "rref/rref_context.h"
 
@@ -147,6 +148,12 @@ void link_message_seeds(const fs::path& dir) {
   heartbeat.set_kind(pg::FrameHeader::HEARTBEAT);
   write(dir, "frames_two", with_secret + frames_type + wire_frame(heartbeat, {}) + wire_frame(p2p, {}));
   write(dir, "without_secret", std::string(1, '\0') + std::string(16, 'x') + frames_type + wire_frame(p2p, {}));
+  // A frame whose 64-float tensor travels as a body: cut out of the frames, listed in the table.
+  const std::string whole = wire_frame(p2p, {at::arange(64, at::kFloat)});
+  const drpc::LinkBody body{whole.size() - 256, 256, drpc::link_body_tag(std::string(16, '\x5a'), 0)};
+  const std::string head = drpc::link_message_head(std::string(16, '\x5a'), drpc::LinkMessageType::kFramesWithBodies,
+                                                   {body});
+  write(dir, "frames_with_body", with_secret + head.substr(drpc::kLinkSecretBytes) + whole.substr(0, body.offset));
 }
 
 void value_seeds(const fs::path& dir) {

@@ -13,15 +13,16 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "process_group/frame.h"
+#include "process_group/ucx_link_message.h"
 
 namespace drpc {
 namespace {
@@ -29,62 +30,76 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using SendCallback = std::function<void(std::exception_ptr)>;
 
-constexpr uint8_t kFramesMessage = 0;
-constexpr uint8_t kProbeMessage = 1;
-constexpr size_t kPrefixBytes = kLinkSecretBytes + 1;
 // Messages this small (with no tensor sent in place) go as one buffer: UCX's fastest path.
 constexpr size_t kContiguousBytes = 64 * 1024;
 // After activity the progress thread polls this long before it sleeps on the event fd: a
 // reply that follows a request closely is picked up without a wake-up, and an idle worker
 // costs no CPU.
 constexpr auto kSpin = std::chrono::microseconds(50);
-// Tensors at least this large are used in place by the receiver when their bytes are
-// aligned (tensor_from_body): the sender pads the header so that the first one is.
-constexpr size_t kInPlaceBytes = 64 * 1024;
+// Tensors at least this large travel as bodies: UCX messages of their own, contiguous, which
+// UCX moves with zero copies (cross-memory attach on one host), into a buffer the receiver
+// then uses in place as the tensor's storage.
+constexpr size_t kBodyBytes = 64 * 1024;
 constexpr size_t kAlignment = 64;
+// Freed body buffers kept for reuse, at most this many bytes per process.
+constexpr size_t kPooledBytes = 256u << 20;
 // How long shutdown waits for sends in flight before it closes the links regardless.
 constexpr auto kCloseTimeout = std::chrono::milliseconds(500);
-
-std::string random_secret() {
-  std::random_device device;  // /dev/urandom
-  std::string secret(kLinkSecretBytes, '\0');
-  for (size_t i = 0; i < secret.size(); i += sizeof(uint32_t)) {
-    const uint32_t word = device();
-    std::memcpy(&secret[i], &word, sizeof(word));
-  }
-  return secret;
-}
-
-bool same_secret(const uint8_t* data, const std::string& secret) {
-  uint8_t diff = 0;
-  for (size_t i = 0; i < kLinkSecretBytes; ++i) diff |= data[i] ^ static_cast<uint8_t>(secret[i]);
-  return diff == 0;
-}
-
-// `header` with padding that puts the bytes of the first tensor of kInPlaceBytes or more
-// at a multiple of kAlignment from the message's start (which the receiver aligns).
-pg::FrameHeader padded_header(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors) {
-  size_t before = 0;
-  for (const auto& t : tensors) {
-    if (t.nbytes() >= kInPlaceBytes) {
-      pg::FrameHeader padded = header;
-      for (size_t pad = 0; pad < 2 * kAlignment; ++pad) {
-        padded.set_padding(std::string(pad, '\0'));
-        const size_t start = kPrefixBytes + sizeof(uint32_t) + padded.ByteSizeLong() + before;
-        if (start % kAlignment == 0) return padded;
-      }
-      return header;
-    }
-    before += t.nbytes();
-  }
-  return header;
-}
+constexpr ucp_tag_t kExactTag = ~ucp_tag_t{0};
 
 std::string ucx_error(const std::string& what, ucs_status_t status) {
   return what + ": " + ucs_status_string(status);
 }
 
-// A message's pieces in wire order: copied pieces owned here, large tensors in place.
+// Keeps freed body buffers for the next bodies: a fresh buffer costs a page fault per 4 KiB
+// when UCX writes it, which for a large tensor costs about as much as the copy itself.
+class BufferPool final : public std::enable_shared_from_this<BufferPool> {
+ public:
+  ~BufferPool() {
+    for (auto& [capacity, memory] : free_) std::free(memory);
+  }
+
+  // A buffer of at least `size` bytes, aligned to kAlignment; null when memory runs out.
+  // It returns here when its last user lets go. Thread-safe.
+  std::shared_ptr<uint8_t> take(size_t size) {
+    const size_t capacity = (std::max<size_t>(size, 1) + 4095) / 4096 * 4096;
+    if (capacity < size) return nullptr;
+    uint8_t* memory = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.lower_bound(capacity);
+      if (it != free_.end() && it->first / 2 <= capacity) {  // not more than twice what is asked
+        memory = it->second;
+        pooled_bytes_ -= it->first;
+        free_.erase(it);
+      }
+    }
+    if (memory == nullptr) memory = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity));
+    if (memory == nullptr) return nullptr;
+    auto pool = shared_from_this();  // the buffer may outlive the links
+    return std::shared_ptr<uint8_t>(memory, [pool, capacity](uint8_t* p) { pool->give_back(p, capacity); });
+  }
+
+ private:
+  void give_back(uint8_t* memory, size_t capacity) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pooled_bytes_ + capacity <= kPooledBytes) {
+        free_.emplace(capacity, memory);
+        pooled_bytes_ += capacity;
+        return;
+      }
+    }
+    std::free(memory);
+  }
+
+  std::mutex mu_;
+  std::multimap<size_t, uint8_t*> free_;  // capacity -> buffer; guarded by mu_
+  size_t pooled_bytes_ = 0;               // guarded by mu_
+};
+
+// A message's pieces in wire order: copied pieces owned here, mid-sized tensors in place in
+// the head, large tensors as bodies (ucx_link_message.h).
 class LinkPieces final : public FramePieces {
  public:
   void add_bytes(size_t size, const std::function<void(uint8_t*)>& fill) override {
@@ -92,20 +107,36 @@ class LinkPieces final : public FramePieces {
     owned_.emplace_back(size);
     fill(owned_.back().data());
     segments_.push_back(ucp_dt_iov_t{owned_.back().data(), size});
-    total_ += size;
+    frames_bytes_ += size;
   }
   void add_tensor(const at::Tensor& tensor) override {
     if (tensor.nbytes() == 0) return;
     tensors_.push_back(tensor);
-    segments_.push_back(ucp_dt_iov_t{tensor.data_ptr(), tensor.nbytes()});
-    total_ += tensor.nbytes();
+    if (tensor.nbytes() >= kBodyBytes) {
+      LinkBody body;
+      body.offset = frames_bytes_;
+      body.size = tensor.nbytes();
+      bodies_.push_back(body);
+      body_data_.push_back(tensor.data_ptr());
+    } else {
+      segments_.push_back(ucp_dt_iov_t{tensor.data_ptr(), tensor.nbytes()});
+    }
+    frames_bytes_ += tensor.nbytes();
   }
 
-  // Copies everything into one buffer when the message is small and holds no tensor in
-  // place; returns whether it did.
+  // Puts `head` (the prefix and body table) before the frames.
+  void add_head(const std::string& head) {
+    owned_.emplace_front(head.begin(), head.end());
+    segments_.insert(segments_.begin(), ucp_dt_iov_t{owned_.front().data(), head.size()});
+  }
+
+  // Copies the head message into one buffer when it is small and holds no tensor in place;
+  // returns whether it did.
   bool make_contiguous() {
-    if (!tensors_.empty() || total_ > kContiguousBytes) return false;
-    contiguous_.resize(total_);
+    size_t total = 0;
+    for (const auto& s : segments_) total += s.length;
+    if (tensors_.size() != bodies_.size() || total > kContiguousBytes) return false;
+    contiguous_.resize(total);
     size_t at = 0;
     for (const auto& s : segments_) {
       std::memcpy(contiguous_.data() + at, s.buffer, s.length);
@@ -115,31 +146,76 @@ class LinkPieces final : public FramePieces {
   }
 
   std::deque<std::vector<uint8_t>> owned_;
-  std::vector<at::Tensor> tensors_;
+  std::vector<at::Tensor> tensors_;  // kept alive until sent
   std::vector<ucp_dt_iov_t> segments_;
+  std::vector<LinkBody> bodies_;  // their tags are set when the message is posted
+  std::vector<void*> body_data_;
   std::vector<uint8_t> contiguous_;
-  size_t total_ = 0;
+  size_t frames_bytes_ = 0;
 };
 
 class Links;
+struct SendOp;
+
+// One UCX send of a message: its head, or one of its bodies.
+struct SendPart {
+  SendOp* op;
+  size_t index;
+  void* request = nullptr;  // guarded by Links::mu_: UCX's, while it is in flight
+  bool done = false;        // guarded by Links::mu_
+};
 
 struct SendOp {
   Links* links;
   uint64_t id;  // the key in Links::pending_
   int peer;
   LinkPieces pieces;
-  SendCallback on_sent;     // guarded by Links::mu_; null once told
-  void* request = nullptr;  // guarded by Links::mu_: UCX's, while it is in flight
+  std::vector<SendPart> parts;  // the head, then the bodies; sized before the first is posted
+  SendCallback on_sent;         // guarded by Links::mu_; null once told
+  size_t outstanding = 0;       // guarded by Links::mu_: parts not done
+  ucs_status_t status = UCS_OK;  // guarded by Links::mu_: the first part's failure
 };
 
+struct RecvOp;
+
+// A receive into one body's buffer (the progress thread's).
+struct BodyRecv {
+  std::shared_ptr<uint8_t> buffer;
+  size_t size = 0;
+  ucp_tag_recv_info_t info{};
+  void* request = nullptr;
+  bool done = false;
+  bool ok = false;
+};
+
+// A received message: its head, then its bodies (the progress thread's).
 struct RecvOp {
   Links* links;
   int source;
   std::shared_ptr<uint8_t> buffer;
   size_t size;
-  void* request = nullptr;  // UCX's, while in flight (the progress thread's)
+  void* request = nullptr;  // UCX's, while in flight
   bool done = false;
   bool ok = false;
+  bool parsed = false;  // once the head is done: `valid`, `message`, `problem` and `bodies` are set
+  bool valid = false;
+  LinkMessage message;
+  std::string problem;
+  std::vector<BodyRecv> bodies;  // sized before the first is posted
+
+  bool complete() const {
+    if (!done || !parsed) return false;
+    for (const auto& body : bodies) {
+      if (!body.done) return false;
+    }
+    return true;
+  }
+};
+
+// What keeps a received message's bytes alive while any of its tensors is in use.
+struct MessageBuffers {
+  std::shared_ptr<uint8_t> head;
+  std::vector<std::shared_ptr<uint8_t>> bodies;
 };
 
 class Links final : public UcxLinks {
@@ -147,7 +223,7 @@ class Links final : public UcxLinks {
   Links(int rank, int size, UcxLinkSink& sink) : rank_(rank), size_(size), sink_(sink) {
     for (int r = 0; r < size; ++r) {
       peers_.push_back(std::make_unique<Peer>());
-      peers_.back()->secret_in = random_secret();
+      peers_.back()->secret_in = random_link_secret();
     }
   }
 
@@ -221,7 +297,7 @@ class Links final : public UcxLinks {
       }
       link.secret_out = secret;
     }
-    post(peer, std::make_unique<SendOp>(), /*probe=*/true, nullptr);
+    post(peer, std::make_unique<SendOp>(), LinkMessageType::kProbe, nullptr);
   }
 
   void open_inbound(int peer) override {
@@ -234,9 +310,8 @@ class Links final : public UcxLinks {
 
   void send(int peer, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
             SendCallback on_sent) override {
-    auto op = std::make_unique<SendOp>();
-    post(peer, std::move(op), /*probe=*/false,
-         [&](LinkPieces& pieces) { encode_frame(padded_header(header, tensors), tensors, pieces); }, std::move(on_sent));
+    post(peer, std::make_unique<SendOp>(), LinkMessageType::kFrames,
+         [&](LinkPieces& pieces) { encode_frame(header, tensors, pieces); }, std::move(on_sent));
   }
 
   void fail_peer(int peer, const Error& why) override {
@@ -273,37 +348,49 @@ class Links final : public UcxLinks {
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& [id, op] : pending_) {
-        if (op->request != nullptr) ucp_request_free(op->request);
-        op->request = nullptr;
+        for (auto& part : op->parts) {
+          if (part.request != nullptr && !part.done) ucp_request_free(part.request);
+          part.request = nullptr;
+        }
         if (op->on_sent) failed.push_back(std::move(op->on_sent));
       }
     }
-    for (auto& peer : peers_) {
-      for (RecvOp* op : peer->receiving) {
-        if (!op->done && op->request != nullptr) ucp_request_free(op->request);
-      }
-    }
-    for (RecvOp* op : strays_) {
+    auto release = [](RecvOp* op) {
       if (!op->done && op->request != nullptr) ucp_request_free(op->request);
+      for (auto& body : op->bodies) {
+        if (!body.done && body.request != nullptr) ucp_request_free(body.request);
+      }
+    };
+    for (auto& peer : peers_) {
+      for (RecvOp* op : peer->receiving) release(op);
     }
+    for (RecvOp* op : strays_) release(op);
     const auto error = std::make_exception_ptr(Error(ErrorKind::kShutdown, "the UCX links are shut down"));
     for (auto& cb : failed) cb(error);
     cleanup();
   }
 
-  // --- UCX callbacks (the progress thread) ----------------------------------------------
-  void send_done(SendOp* op, ucs_status_t status) {
+  // --- UCX callbacks (the progress thread, or the sender when UCX completes at once) ----
+  void part_done(SendOp* op, size_t index, ucs_status_t status) {
     SendCallback on_sent;
+    ucs_status_t final_status = UCS_OK;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      op->parts[index].done = true;
+      op->parts[index].request = nullptr;
+      if (status != UCS_OK && op->status == UCS_OK) op->status = status;
+      if (--op->outstanding > 0) return;
       pending_.erase(op->id);
       on_sent = std::move(op->on_sent);
+      final_status = op->status;
     }
     if (on_sent) {
-      on_sent(status == UCS_OK ? nullptr
-                               : std::make_exception_ptr(Error(
-                                     ErrorKind::kPeerUnavailable,
-                                     ucx_error("sending to rank " + std::to_string(op->peer) + " over UCX", status))));
+      on_sent(final_status == UCS_OK
+                  ? nullptr
+                  : std::make_exception_ptr(Error(ErrorKind::kPeerUnavailable,
+                                                  ucx_error("sending to rank " + std::to_string(op->peer) +
+                                                                " over UCX",
+                                                            final_status))));
     }
     delete op;
   }
@@ -313,6 +400,7 @@ class Links final : public UcxLinks {
     std::string secret_in;   // what the peer's messages must carry; const after construction
     std::string secret_out;  // what ours carry; guarded by ep_mu_
     ucp_ep_h ep = nullptr;   // guarded by ep_mu_
+    std::atomic<uint64_t> bodies_sent{0};  // numbers the bodies' tags
     std::optional<Error> failed;  // guarded by mu_
     std::deque<RecvOp*> receiving;  // the progress thread's: in the order UCX matched them
     std::mutex inbound_mu;
@@ -320,9 +408,10 @@ class Links final : public UcxLinks {
     std::vector<std::vector<Frame>> held;     // guarded by inbound_mu
   };
 
-  // Encodes a message for `peer` and posts it. `encode` adds the frames (none for a probe).
-  void post(int peer, std::unique_ptr<SendOp> op, bool probe, const std::function<void(LinkPieces&)>& encode,
-            SendCallback on_sent = nullptr) {
+  // Encodes a message of `type` for `peer` and posts its head and bodies. `encode` adds the
+  // frames (none for a probe).
+  void post(int peer, std::unique_ptr<SendOp> op, LinkMessageType type,
+            const std::function<void(LinkPieces&)>& encode, SendCallback on_sent = nullptr) {
     if (peer < 0 || peer >= size_) throw Error(ErrorKind::kBadArgument, "no rank " + std::to_string(peer));
     Peer& link = *peers_[peer];
     op->links = this;
@@ -331,53 +420,73 @@ class Links final : public UcxLinks {
     if (link.ep == nullptr) {
       throw Error(ErrorKind::kInternal, "no UCX link to rank " + std::to_string(peer) + " is open");
     }
-    const std::string prefix = link_message_prefix(link.secret_out, probe);
-    op->pieces.add_bytes(prefix.size(), [&](uint8_t* out) { std::memcpy(out, prefix.data(), prefix.size()); });
-    if (encode) encode(op->pieces);
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
-      auto* op = static_cast<SendOp*>(user_data);
-      ucp_request_free(request);
-      op->links->send_done(op, status);
-    };
-    param.user_data = op.get();
-    const void* buffer;
-    size_t count;
-    if (op->pieces.make_contiguous()) {
-      buffer = op->pieces.contiguous_.data();
-      count = op->pieces.contiguous_.size();
-    } else {
-      param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
-      param.datatype = ucp_dt_make_iov();
-      buffer = op->pieces.segments_.data();
-      count = op->pieces.segments_.size();
-    }
+    LinkPieces& pieces = op->pieces;
+    if (encode) encode(pieces);
+    if (!pieces.bodies_.empty()) type = LinkMessageType::kFramesWithBodies;
+    for (auto& body : pieces.bodies_) body.tag = link_body_tag(link.secret_out, link.bodies_sent++);
+    pieces.add_head(link_message_head(link.secret_out, type, pieces.bodies_));
+    for (size_t i = 0; i <= pieces.bodies_.size(); ++i) op->parts.push_back(SendPart{op.get(), i});
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) throw Error(ErrorKind::kShutdown, "the UCX links are shut down");
       if (link.failed) throw *link.failed;
       op->on_sent = std::move(on_sent);
       op->id = next_op_id_++;
+      op->outstanding = op->parts.size();
       pending_.emplace(op->id, op.get());
     }
-    const uint64_t id = op->id;
-    SendOp* raw = op.release();
-    const ucs_status_ptr_t request = ucp_tag_send_nbx(link.ep, buffer, count, static_cast<ucp_tag_t>(rank_), &param);
-    ep_lock.unlock();  // the callback may send again
-    if (request == nullptr) {
-      send_done(raw, UCS_OK);
-    } else if (UCS_PTR_IS_ERR(request)) {
-      send_done(raw, UCS_PTR_STATUS(request));
-    } else {
-      {
-        // Unless it completed meanwhile (and `raw` is gone), shutdown may have to release it.
+    SendOp* raw = op.release();  // part_done deletes it after its last part
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+    param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
+      auto* part = static_cast<SendPart*>(user_data);
+      ucp_request_free(request);
+      part->op->links->part_done(part->op, part->index, status);
+    };
+    const uint64_t id = raw->id;
+    const size_t parts = raw->parts.size();
+    bool head_failed = false;
+    for (size_t i = 0; i < parts; ++i) {
+      if (head_failed) {  // the peer would never ask for the bodies
+        part_done(raw, i, UCS_ERR_CANCELED);
+        continue;
+      }
+      param.user_data = &raw->parts[i];
+      const void* buffer;
+      size_t count;
+      ucp_tag_t tag;
+      if (i > 0) {
+        param.datatype = ucp_dt_make_contig(1);
+        buffer = pieces.body_data_[i - 1];
+        count = pieces.bodies_[i - 1].size;
+        tag = pieces.bodies_[i - 1].tag;
+      } else if (pieces.make_contiguous()) {
+        param.datatype = ucp_dt_make_contig(1);
+        buffer = pieces.contiguous_.data();
+        count = pieces.contiguous_.size();
+        tag = static_cast<ucp_tag_t>(rank_);
+      } else {
+        param.datatype = ucp_dt_make_iov();
+        buffer = pieces.segments_.data();
+        count = pieces.segments_.size();
+        tag = static_cast<ucp_tag_t>(rank_);
+      }
+      // After the last part's post, `raw` may be gone (completed on the progress thread).
+      const ucs_status_ptr_t request = ucp_tag_send_nbx(link.ep, buffer, count, tag, &param);
+      if (request == nullptr) {
+        part_done(raw, i, UCS_OK);
+      } else if (UCS_PTR_IS_ERR(request)) {
+        head_failed = i == 0;
+        part_done(raw, i, UCS_PTR_STATUS(request));
+      } else {
+        // Unless it completed meanwhile, shutdown may have to release it.
         std::lock_guard<std::mutex> lock(mu_);
         auto it = pending_.find(id);
-        if (it != pending_.end()) it->second->request = request;
+        if (it != pending_.end() && !it->second->parts[i].done) it->second->parts[i].request = request;
       }
-      ucp_worker_signal(worker_);  // the progress thread drives it from here
     }
+    ep_lock.unlock();
+    ucp_worker_signal(worker_);  // the progress thread drives what is in flight from here
   }
 
   void progress_loop() {
@@ -405,7 +514,8 @@ class Links final : public UcxLinks {
   bool poll_once() {
     bool active = ucp_worker_progress(worker_) != 0;
     ucp_tag_recv_info_t info;
-    while (ucp_tag_message_h message = ucp_tag_probe_nb(worker_, 0, 0, /*remove=*/1, &info)) {
+    // Heads only: a body waits, unexpected, until its head asks for it by its tag.
+    while (ucp_tag_message_h message = ucp_tag_probe_nb(worker_, 0, kLinkBodyTagBit, /*remove=*/1, &info)) {
       active = true;
       receive(message, info);
     }
@@ -421,7 +531,6 @@ class Links final : public UcxLinks {
     op->links = this;
     op->source = info.sender_tag < static_cast<ucp_tag_t>(size_) ? static_cast<int>(info.sender_tag) : -1;
     op->size = info.length;
-    // Aligned, so that large tensors can be used where they landed (see padded_header).
     const size_t capacity = (std::max<size_t>(op->size, 1) + kAlignment - 1) / kAlignment * kAlignment;
     auto* memory = capacity >= op->size ? static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity)) : nullptr;
     if (memory == nullptr) {
@@ -454,29 +563,85 @@ class Links final : public UcxLinks {
     }
   }
 
+  // Checks a received head and posts the receives of its bodies, each into a buffer the
+  // tensor will use in place.
+  void examine(RecvOp& op, const std::string& secret) {
+    op.parsed = true;
+    if (!op.ok) return;
+    op.valid = parse_link_message(op.buffer.get(), op.size, secret, &op.message, &op.problem);
+    if (!op.valid) return;
+    op.bodies.resize(op.message.bodies.size());
+    for (size_t i = 0; i < op.bodies.size(); ++i) {
+      BodyRecv& body = op.bodies[i];
+      body.size = op.message.bodies[i].size;
+      body.buffer = pool_->take(body.size);
+      if (body.buffer == nullptr) {
+        // Its bytes stay unexpected in UCX; the peer is failed for a body no one can hold.
+        op.valid = false;
+        op.problem = "no memory for a body of " + std::to_string(body.size) + " bytes";
+        body.done = true;
+        continue;
+      }
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
+      param.cb.recv = [](void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
+        auto* body = static_cast<BodyRecv*>(user_data);
+        ucp_request_free(request);
+        body->ok = status == UCS_OK;
+        body->info = *info;
+        body->done = true;
+      };
+      param.user_data = &body;
+      param.recv_info.tag_info = &body.info;
+      const ucs_status_ptr_t request = ucp_tag_recv_nbx(worker_, body.buffer.get(), body.size,
+                                                        op.message.bodies[i].tag, kExactTag, &param);
+      if (request == nullptr || UCS_PTR_IS_ERR(request)) {
+        body.ok = request == nullptr;
+        body.done = true;
+      } else {
+        body.request = request;
+      }
+    }
+  }
+
   // Hands on `source`'s received messages in the order they were matched.
   void drain(int source) {
     Peer& link = *peers_[source];
-    while (!link.receiving.empty() && link.receiving.front()->done) {
+    for (RecvOp* op : link.receiving) {
+      if (op->done && !op->parsed) examine(*op, link.secret_in);
+    }
+    while (!link.receiving.empty() && link.receiving.front()->complete()) {
       std::unique_ptr<RecvOp> op(link.receiving.front());
       link.receiving.pop_front();
       if (!op->ok) continue;
-      bool is_probe = false;
-      std::vector<Frame> frames;
-      std::string problem;
-      if (!decode_link_message(op->buffer.get(), op->size, link.secret_in, op->buffer, source, &is_probe, &frames,
-                               &problem)) {
-        if (op->size >= kPrefixBytes && same_secret(op->buffer.get(), link.secret_in)) {
-          sink_.on_link_failed(source, Error(ErrorKind::kProtocol, "rank " + std::to_string(source) +
-                                                                       " sent a malformed link message: " + problem));
+      if (!op->valid) {
+        if (op->size >= kLinkPrefixBytes && starts_with_link_secret(op->buffer.get(), link.secret_in)) {
+          fail_source(source, op->problem);
         } else {
           LOG(WARNING) << "rank " << rank_ << ": dropped a UCX message claiming to be from rank " << source << ": "
-                       << problem;
+                       << op->problem;
         }
         continue;
       }
-      if (is_probe) {
+      if (op->message.type == LinkMessageType::kProbe) {
         sink_.on_link_probe(source);
+        continue;
+      }
+      auto buffers = std::make_shared<MessageBuffers>();
+      buffers->head = op->buffer;
+      std::vector<ByteSpan> bodies;
+      std::string problem;
+      for (size_t i = 0; i < op->bodies.size() && problem.empty(); ++i) {
+        const BodyRecv& body = op->bodies[i];
+        if (!body.ok || body.info.length != body.size) {
+          problem = "body " + std::to_string(i) + " did not arrive whole";
+        }
+        bodies.push_back(ByteSpan{body.buffer.get(), body.size});
+        buffers->bodies.push_back(body.buffer);
+      }
+      std::vector<Frame> frames;
+      if (!problem.empty() || !link_message_frames(op->message, bodies, buffers, source, &frames, &problem)) {
+        fail_source(source, problem);
         continue;
       }
       std::lock_guard<std::mutex> lock(link.inbound_mu);
@@ -486,6 +651,11 @@ class Links final : public UcxLinks {
         link.held.push_back(std::move(frames));
       }
     }
+  }
+
+  void fail_source(int source, const std::string& problem) {
+    sink_.on_link_failed(source, Error(ErrorKind::kProtocol,
+                                       "rank " + std::to_string(source) + " sent a malformed link message: " + problem));
   }
 
   // Drops messages received from no known peer.
@@ -558,6 +728,7 @@ class Links final : public UcxLinks {
   std::thread progress_thread_;
   std::atomic<bool> stop_progress_{false};
   std::unordered_set<RecvOp*> strays_;  // the progress thread's
+  const std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
 
   // Held while a send uses an endpoint; exclusively while one is created or closed. Never
   // taken inside mu_: UCX's own lock (held while its callbacks take mu_) comes between.
@@ -600,48 +771,6 @@ std::string this_host_id() {
   char net[64] = {};
   const ssize_t n = readlink("/proc/self/ns/net", net, sizeof(net) - 1);
   return std::string(host) + "/" + boot_id + "/" + (n > 0 ? std::string(net, n) : std::string());
-}
-
-std::string link_message_prefix(const std::string& secret, bool probe) {
-  std::string prefix = secret;
-  prefix.resize(kLinkSecretBytes);
-  prefix.push_back(static_cast<char>(probe ? kProbeMessage : kFramesMessage));
-  return prefix;
-}
-
-bool decode_link_message(const uint8_t* data, size_t size, const std::string& secret, std::shared_ptr<void> keepalive,
-                         int source, bool* is_probe, std::vector<Frame>* frames, std::string* problem) {
-  if (size < kPrefixBytes) {
-    *problem = "a message of " + std::to_string(size) + " bytes is shorter than its prefix";
-    return false;
-  }
-  if (secret.size() != kLinkSecretBytes || !same_secret(data, secret)) {
-    *problem = "the message does not carry the pair's secret";
-    return false;
-  }
-  const uint8_t type = data[kLinkSecretBytes];
-  if (type == kProbeMessage) {
-    *is_probe = true;
-    if (size == kPrefixBytes) return true;
-    *problem = "a probe carries " + std::to_string(size - kPrefixBytes) + " bytes";
-    return false;
-  }
-  *is_probe = false;
-  if (type != kFramesMessage) {
-    *problem = "unknown message type " + std::to_string(type);
-    return false;
-  }
-  try {
-    *frames = decode_wire_frames({ByteSpan{data + kPrefixBytes, size - kPrefixBytes}}, std::move(keepalive), source);
-  } catch (const Error& e) {
-    *problem = e.message();
-    return false;
-  }
-  if (frames->empty()) {
-    *problem = "a message without frames";
-    return false;
-  }
-  return true;
 }
 
 std::unique_ptr<UcxLinks> create_ucx_links(int rank, int size, DataPlane plane, UcxLinkSink& sink,

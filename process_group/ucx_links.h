@@ -5,10 +5,10 @@
 // endpoint per peer that switched to UCX. The gRPC transport decides when a pair switches
 // and keeps the connection's rules (hello, heartbeats, goodbye); this only moves frames.
 //
-// A message on a link is [16-byte secret][1-byte type][wire frames] (transport.h's format),
-// sent with the sender's rank as its UCX tag. The secret is the one the receiver handed its
-// peer over the authenticated gRPC stream: UCX checks no token, so a message without the
-// right secret is dropped and logged, never decoded.
+// Messages carry the secret the receiver handed its peer over the authenticated gRPC stream
+// (ucx_link_message.h): UCX checks no token, so a message without the right secret is
+// dropped and logged, never decoded. Large tensors travel as messages of their own, which UCX
+// moves with zero copies into buffers the receiving tensors then use in place.
 
 #include <ATen/core/Tensor.h>
 
@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "process_group/proto/frame.pb.h"
 #include "process_group/transport.h"
+#include "process_group/ucx_link_message.h"
 
 namespace drpc {
 
@@ -90,17 +91,5 @@ class UcxLinks {
 // UCX cannot start here.
 std::unique_ptr<UcxLinks> create_ucx_links(int rank, int size, DataPlane plane, UcxLinkSink& sink,
                                            std::string* why_not);
-
-// Splits one link message into its sender's frames after checking `secret` (constant time).
-// Returns false, with `problem` set, for a message that is too short, carries another secret
-// or holds malformed frames; `is_probe` says whether it was a probe (which has no frames).
-// Exposed for the fuzz target.
-bool decode_link_message(const uint8_t* data, size_t size, const std::string& secret,
-                         std::shared_ptr<void> keepalive, int source, bool* is_probe, std::vector<Frame>* frames,
-                         std::string* problem);
-
-// The first bytes of a link message: `secret` and the message type.
-constexpr size_t kLinkSecretBytes = 16;
-std::string link_message_prefix(const std::string& secret, bool probe);
 
 }  // namespace drpc

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "process_group/frame.h"
+#include "process_group/ucx_link_message.h"
 
 namespace drpc {
 namespace {
@@ -143,6 +144,40 @@ TEST(UcxLinks, ProbeThenFramesInOrderOnceOpened) {
   EXPECT_TRUE(pair.sink1.failures.empty());
 }
 
+TEST(UcxLinks, LargeTensorsLandInPlaceInReusedBuffers) {
+  Pair pair;
+  pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0));
+  pair.rank1->open_inbound(0);
+  const at::Tensor first = at::arange(1 << 18, at::kFloat), second = at::arange(1 << 16, at::kDouble);
+  const std::vector<at::Tensor> tensors = {first, at::full({3}, 2.0), second};
+  const void* landed = nullptr;
+  for (int round = 0; round < 2; ++round) {
+    SentCounter sent;
+    pair.rank0->send(1, p2p_header(round, tensors), tensors, sent.callback());
+    ASSERT_TRUE(sent.wait_for(1));
+    EXPECT_EQ(sent.failed(), 0);
+    ASSERT_TRUE(pair.sink1.wait([&] { return pair.sink1.frames.size() == 1; }));
+    const Frame frame = std::move(pair.sink1.frames[0]);
+    pair.sink1.frames.clear();
+    EXPECT_EQ(frame.header.tag(), round);
+    size_t offset = 0;
+    std::vector<at::Tensor> received;
+    for (int i = 0; i < 3; ++i) {
+      received.push_back(tensor_from_body(frame, frame.header.tensors(i), offset));
+      offset += frame.header.tensors(i).nbytes();
+      EXPECT_TRUE(received[i].equal(tensors[i])) << "round " << round << " tensor " << i;
+    }
+    // The large ones are used where UCX put them: a body of their own each.
+    ASSERT_EQ(frame.body.size(), 3u);
+    EXPECT_EQ(received[0].data_ptr(), frame.body[0].data);
+    EXPECT_EQ(received[2].data_ptr(), frame.body[2].data);
+    // The second round lands in the first round's buffer, freed meanwhile.
+    if (round == 1) EXPECT_EQ(received[0].data_ptr(), landed);
+    landed = received[0].data_ptr();
+  }
+  EXPECT_TRUE(pair.sink1.failures.empty());
+}
+
 TEST(UcxLinks, MessagesWithoutThePairsSecretAreDropped) {
   Pair pair;
   pair.rank1->open_inbound(0);
@@ -189,28 +224,109 @@ TEST(UcxLinks, ConnectRejectsBadPeersAndSecrets) {
   EXPECT_THROW(pair.rank0->send(1, p2p_header(1, {}), {}, nullptr), Error);  // not connected
 }
 
-TEST(UcxLinkMessages, DecodeChecksPrefixSecretTypeAndFrames) {
+// The wire bytes of one frame (encode_frame's pieces, concatenated).
+std::string wire_bytes(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors) {
+  struct Concatenated final : FramePieces {
+    void add_bytes(size_t size, const std::function<void(uint8_t*)>& fill) override {
+      const size_t at = bytes.size();
+      bytes.resize(at + size);
+      fill(reinterpret_cast<uint8_t*>(&bytes[at]));
+    }
+    void add_tensor(const at::Tensor& t) override {
+      bytes.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    }
+    std::string bytes;
+  } out;
+  encode_frame(header, tensors, out);
+  return out.bytes;
+}
+
+std::string parse_problem(const std::string& bytes, const std::string& secret, LinkMessage* message) {
+  std::string problem;
+  const bool ok = parse_link_message(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), secret, message,
+                                     &problem);
+  EXPECT_EQ(ok, problem.empty()) << problem;
+  return problem;
+}
+
+TEST(UcxLinkMessages, ParseChecksPrefixSecretAndType) {
   const std::string secret(kLinkSecretBytes, 's');
-  auto decode = [&](const std::string& bytes, bool* probe, std::vector<Frame>* frames) {
-    std::string problem;
-    const bool ok = decode_link_message(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), secret,
-                                        nullptr, 0, probe, frames, &problem);
-    return ok ? std::string() : problem;
-  };
-  bool probe = false;
-  std::vector<Frame> frames;
-  EXPECT_EQ(decode(link_message_prefix(secret, true), &probe, &frames), "");
-  EXPECT_TRUE(probe);
-  EXPECT_NE(decode("short", &probe, &frames).find("shorter than its prefix"), std::string::npos);
-  EXPECT_NE(decode(link_message_prefix(std::string(kLinkSecretBytes, 't'), true), &probe, &frames).find("secret"),
+  LinkMessage message;
+  EXPECT_EQ(parse_problem(link_message_head(secret, LinkMessageType::kProbe), secret, &message), "");
+  EXPECT_EQ(message.type, LinkMessageType::kProbe);
+  EXPECT_NE(parse_problem("short", secret, &message).find("shorter than its prefix"), std::string::npos);
+  const std::string other(kLinkSecretBytes, 't');
+  EXPECT_NE(parse_problem(link_message_head(other, LinkMessageType::kProbe), secret, &message).find("secret"),
             std::string::npos);
-  EXPECT_NE(decode(link_message_prefix(secret, true) + "x", &probe, &frames).find("probe carries"),
+  EXPECT_NE(parse_problem(link_message_head(secret, LinkMessageType::kProbe) + "x", secret, &message)
+                .find("probe carries"),
             std::string::npos);
-  std::string unknown = link_message_prefix(secret, false);
+  std::string unknown = link_message_head(secret, LinkMessageType::kFrames);
   unknown.back() = 9;
-  EXPECT_NE(decode(unknown, &probe, &frames).find("unknown message type 9"), std::string::npos);
-  EXPECT_NE(decode(link_message_prefix(secret, false), &probe, &frames).find("without frames"), std::string::npos);
-  EXPECT_NE(decode(link_message_prefix(secret, false) + "\xff\xff\xff\x7f", &probe, &frames), "");
+  EXPECT_NE(parse_problem(unknown, secret, &message).find("unknown message type 9"), std::string::npos);
+
+  // Frames: parsed lazily, refused when absent or malformed.
+  std::vector<Frame> frames;
+  std::string problem;
+  ASSERT_EQ(parse_problem(link_message_head(secret, LinkMessageType::kFrames), secret, &message), "");
+  EXPECT_FALSE(link_message_frames(message, {}, nullptr, 0, &frames, &problem));
+  EXPECT_NE(problem.find("without frames"), std::string::npos) << problem;
+  const std::string garbage = link_message_head(secret, LinkMessageType::kFrames) + "\xff\xff\xff\x7f";
+  ASSERT_EQ(parse_problem(garbage, secret, &message), "");
+  EXPECT_FALSE(link_message_frames(message, {}, nullptr, 0, &frames, &problem));
+}
+
+TEST(UcxLinkMessages, BodiesAreSplicedBackWhereTheyWereCut) {
+  const std::string secret(kLinkSecretBytes, 's');
+  const at::Tensor first = at::arange(100, at::kFloat), second = at::arange(50, at::kInt);
+  const std::vector<at::Tensor> tensors = {first, at::full({2}, 7.0), second};
+  const std::string wire = wire_bytes(p2p_header(5, tensors), tensors);
+  // Cut out the first and third tensors' bytes, as a sender does with large ones.
+  const size_t mid = tensors[1].nbytes();
+  const size_t second_at = wire.size() - second.nbytes(), first_at = second_at - mid - first.nbytes();
+  const LinkBody body0{first_at, first.nbytes(), link_body_tag(secret, 0)};
+  const LinkBody body1{second_at, second.nbytes(), link_body_tag(secret, 1)};
+  EXPECT_NE(body0.tag, body1.tag);
+  EXPECT_NE(body0.tag & kLinkBodyTagBit, 0u);
+  EXPECT_NE(link_body_tag(std::string(kLinkSecretBytes, 't'), 0), body0.tag);
+  const std::string head = link_message_head(secret, LinkMessageType::kFramesWithBodies, {body0, body1}) +
+                           wire.substr(0, first_at) + wire.substr(first_at + first.nbytes(), mid);
+  LinkMessage message;
+  ASSERT_EQ(parse_problem(head, secret, &message), "");
+  ASSERT_EQ(message.bodies.size(), 2u);
+  EXPECT_EQ(message.bodies[1].tag, body1.tag);
+  const std::vector<ByteSpan> bodies = {ByteSpan{static_cast<const uint8_t*>(first.data_ptr()), first.nbytes()},
+                                        ByteSpan{static_cast<const uint8_t*>(second.data_ptr()), second.nbytes()}};
+  std::vector<Frame> frames;
+  std::string problem;
+  ASSERT_TRUE(link_message_frames(message, bodies, nullptr, 3, &frames, &problem)) << problem;
+  ASSERT_EQ(frames.size(), 1u);
+  EXPECT_EQ(frames[0].source, 3);
+  EXPECT_TRUE(tensor_from_body(frames[0], frames[0].header.tensors(0), 0).equal(first));
+  EXPECT_TRUE(tensor_from_body(frames[0], frames[0].header.tensors(1), first.nbytes()).equal(at::full({2}, 7.0)));
+  EXPECT_TRUE(tensor_from_body(frames[0], frames[0].header.tensors(2), first.nbytes() + mid).equal(second));
+
+  // A body of another size, or one missing, is refused.
+  EXPECT_FALSE(link_message_frames(message, {bodies[0], bodies[0]}, nullptr, 3, &frames, &problem));
+  EXPECT_NE(problem.find("body 1 has"), std::string::npos) << problem;
+  EXPECT_FALSE(link_message_frames(message, {bodies[0]}, nullptr, 3, &frames, &problem));
+
+  // Malformed tables.
+  auto table_problem = [&](const std::vector<LinkBody>& table) {
+    return parse_problem(link_message_head(secret, LinkMessageType::kFramesWithBodies, table) + "0123456789", secret,
+                         &message);
+  };
+  EXPECT_NE(table_problem({}).find("claims 0 bodies"), std::string::npos);
+  EXPECT_NE(table_problem({LinkBody{0, 0, kLinkBodyTagBit}}).find("has size 0"), std::string::npos);
+  EXPECT_NE(table_problem({LinkBody{4, 8, kLinkBodyTagBit}, LinkBody{6, 8, kLinkBodyTagBit}}).find("out of order"),
+            std::string::npos);
+  EXPECT_NE(table_problem({LinkBody{11, 8, kLinkBodyTagBit}}).find("past the frames"), std::string::npos);
+  EXPECT_NE(table_problem({LinkBody{2, UINT64_MAX, kLinkBodyTagBit}}).find("has size"), std::string::npos);
+  EXPECT_NE(table_problem({LinkBody{2, 8, 1}}).find("head's tag"), std::string::npos);
+  EXPECT_EQ(table_problem({LinkBody{10, 8, kLinkBodyTagBit}, LinkBody{18, 1, kLinkBodyTagBit}}), "");
+  std::string huge_count = link_message_head(secret, LinkMessageType::kFramesWithBodies, {});
+  huge_count.replace(kLinkPrefixBytes, 4, "\xff\xff\xff\xff");
+  EXPECT_NE(parse_problem(huge_count + "xx", secret, &message).find("claims 4294967295 bodies"), std::string::npos);
 }
 
 TEST(DataPlaneNames, ParseAndName) {
