@@ -11,6 +11,9 @@ packages=(
   bazel-bootstrap             # Bazel 4.2.3
   g++
   libtorch-dev                # libtorch 1.13 (CPU)
+  libopenblas0-serial         # libtorch's BLAS: Debian's default is the reference one, 10-20x slower at
+                              # matmul; serial, because workers already share the cores (PyTorch's side of
+                              # the benchmarks loads the same libblas.so.3)
   libgrpc++-dev protobuf-compiler-grpc
   libprotobuf-dev protobuf-compiler
   libgoogle-glog-dev libgflags-dev
