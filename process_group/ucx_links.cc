@@ -14,15 +14,14 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "process_group/frame.h"
+#include "process_group/ucx_link_inbound.h"
 #include "process_group/ucx_link_message.h"
 
 namespace drpc {
@@ -44,63 +43,12 @@ constexpr auto kSpin = std::chrono::microseconds(200);
 // UCX moves with zero copies (cross-memory attach on one host), into a buffer the receiver
 // then uses in place as the tensor's storage.
 constexpr size_t kBodyBytes = 64 * 1024;
-constexpr size_t kAlignment = 64;
-// Freed body buffers kept for reuse, at most this many bytes per process.
-constexpr size_t kPooledBytes = 256u << 20;
 // How long shutdown waits for sends in flight before it closes the links regardless.
 constexpr auto kCloseTimeout = std::chrono::milliseconds(500);
-constexpr ucp_tag_t kExactTag = ~ucp_tag_t{0};
 
 std::string ucx_error(const std::string& what, ucs_status_t status) {
   return what + ": " + ucs_status_string(status);
 }
-
-// Keeps freed body buffers for the next bodies: a fresh buffer costs a page fault per 4 KiB
-// when UCX writes it, which for a large tensor costs about as much as the copy itself.
-class BufferPool final : public std::enable_shared_from_this<BufferPool> {
- public:
-  ~BufferPool() {
-    for (auto& [capacity, memory] : free_) std::free(memory);
-  }
-
-  // A buffer of at least `size` bytes, aligned to kAlignment; null when memory runs out.
-  // It returns here when its last user lets go. Thread-safe.
-  std::shared_ptr<uint8_t> take(size_t size) {
-    const size_t capacity = (std::max<size_t>(size, 1) + 4095) / 4096 * 4096;
-    if (capacity < size) return nullptr;
-    uint8_t* memory = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.lower_bound(capacity);
-      if (it != free_.end() && it->first / 2 <= capacity) {  // not more than twice what is asked
-        memory = it->second;
-        pooled_bytes_ -= it->first;
-        free_.erase(it);
-      }
-    }
-    if (memory == nullptr) memory = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity));
-    if (memory == nullptr) return nullptr;
-    auto pool = shared_from_this();  // the buffer may outlive the links
-    return std::shared_ptr<uint8_t>(memory, [pool, capacity](uint8_t* p) { pool->give_back(p, capacity); });
-  }
-
- private:
-  void give_back(uint8_t* memory, size_t capacity) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (pooled_bytes_ + capacity <= kPooledBytes) {
-        free_.emplace(capacity, memory);
-        pooled_bytes_ += capacity;
-        return;
-      }
-    }
-    std::free(memory);
-  }
-
-  std::mutex mu_;
-  std::multimap<size_t, uint8_t*> free_;  // capacity -> buffer; guarded by mu_
-  size_t pooled_bytes_ = 0;               // guarded by mu_
-};
 
 // A message's pieces in wire order: copied pieces owned here, mid-sized tensors in place in
 // the head, large tensors as bodies (ucx_link_message.h).
@@ -180,55 +128,10 @@ struct SendOp {
   ucs_status_t status = UCS_OK;  // guarded by Links::mu_: the first part's failure
 };
 
-struct RecvOp;
-
-// A receive into one body's buffer (the progress thread's).
-struct BodyRecv {
-  std::shared_ptr<uint8_t> buffer;
-  size_t size = 0;
-  ucp_tag_recv_info_t info{};
-  void* request = nullptr;
-  bool done = false;
-  bool ok = false;
-};
-
-// A received message: its head, then its bodies (the progress thread's).
-struct RecvOp {
-  Links* links;
-  int source;
-  std::shared_ptr<uint8_t> buffer;
-  size_t size;
-  void* request = nullptr;  // UCX's, while in flight
-  bool done = false;
-  bool ok = false;
-  bool parsed = false;  // once the head is done: `valid`, `message`, `problem` and `bodies` are set
-  bool valid = false;
-  LinkMessage message;
-  std::string problem;
-  std::vector<BodyRecv> bodies;  // sized before the first is posted
-
-  bool complete() const {
-    if (!done || !parsed) return false;
-    for (const auto& body : bodies) {
-      if (!body.done) return false;
-    }
-    return true;
-  }
-};
-
-// What keeps a received message's bytes alive while any of its tensors is in use.
-struct MessageBuffers {
-  std::shared_ptr<uint8_t> head;
-  std::vector<std::shared_ptr<uint8_t>> bodies;
-};
-
 class Links final : public UcxLinks {
  public:
-  Links(int rank, int size, UcxLinkSink& sink) : rank_(rank), size_(size), sink_(sink) {
-    for (int r = 0; r < size; ++r) {
-      peers_.push_back(std::make_unique<Peer>());
-      peers_.back()->secret_in = random_link_secret();
-    }
+  Links(int rank, int size, UcxLinkSink& sink) : rank_(rank), size_(size), inbound_(rank, size, sink) {
+    for (int r = 0; r < size; ++r) peers_.push_back(std::make_unique<Peer>());
   }
 
   ~Links() override { shutdown(); }
@@ -273,7 +176,7 @@ class Links final : public UcxLinks {
   }
 
   std::string address() const override { return address_; }
-  std::string inbound_secret(int peer) const override { return peers_.at(peer)->secret_in; }
+  std::string inbound_secret(int peer) const override { return inbound_.secret(peer); }
 
   void connect(int peer, const std::string& address, const std::string& secret) override {
     if (peer < 0 || peer >= size_ || peer == rank_) {
@@ -305,11 +208,7 @@ class Links final : public UcxLinks {
   }
 
   void open_inbound(int peer) override {
-    Peer& link = *peers_.at(peer);
-    std::lock_guard<std::mutex> lock(link.inbound_mu);
-    link.inbound_open = true;
-    for (auto& frames : link.held) sink_.on_link_frames(peer, std::move(frames));
-    link.held.clear();
+    inbound_.open(peer);
   }
 
   void send(int peer, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
@@ -359,16 +258,7 @@ class Links final : public UcxLinks {
         if (op->on_sent) failed.push_back(std::move(op->on_sent));
       }
     }
-    auto release = [](RecvOp* op) {
-      if (!op->done && op->request != nullptr) ucp_request_free(op->request);
-      for (auto& body : op->bodies) {
-        if (!body.done && body.request != nullptr) ucp_request_free(body.request);
-      }
-    };
-    for (auto& peer : peers_) {
-      for (RecvOp* op : peer->receiving) release(op);
-    }
-    for (RecvOp* op : strays_) release(op);
+    inbound_.release_requests();
     const auto error = std::make_exception_ptr(Error(ErrorKind::kShutdown, "the UCX links are shut down"));
     for (auto& cb : failed) cb(error);
     cleanup();
@@ -401,15 +291,10 @@ class Links final : public UcxLinks {
 
  private:
   struct Peer {
-    std::string secret_in;   // what the peer's messages must carry; const after construction
     std::string secret_out;  // what ours carry; guarded by ep_mu_
     ucp_ep_h ep = nullptr;   // guarded by ep_mu_
     std::atomic<uint64_t> bodies_sent{0};  // numbers the bodies' tags
     std::optional<Error> failed;  // guarded by mu_
-    std::deque<RecvOp*> receiving;  // the progress thread's: in the order UCX matched them
-    std::mutex inbound_mu;
-    bool inbound_open = false;                // guarded by inbound_mu
-    std::vector<std::vector<Frame>> held;     // guarded by inbound_mu
   };
 
   // Encodes a message of `type` for `peer` and posts its head and bodies. `encode` adds the
@@ -519,163 +404,8 @@ class Links final : public UcxLinks {
   // Progresses the worker, takes in what arrived and hands completed messages on. Returns
   // whether anything happened.
   bool poll_once() {
-    bool active = ucp_worker_progress(worker_) != 0;
-    ucp_tag_recv_info_t info;
-    // Heads only: a body waits, unexpected, until its head asks for it by its tag.
-    while (ucp_tag_message_h message = ucp_tag_probe_nb(worker_, 0, kLinkBodyTagBit, /*remove=*/1, &info)) {
-      active = true;
-      receive(message, info);
-    }
-    for (int r = 0; r < size_; ++r) {
-      if (!peers_[r]->receiving.empty()) drain(r);
-    }
-    if (!strays_.empty()) drop_strays();
-    return active;
-  }
-
-  void receive(ucp_tag_message_h message, const ucp_tag_recv_info_t& info) {
-    auto* op = new RecvOp;
-    op->links = this;
-    op->source = info.sender_tag < static_cast<ucp_tag_t>(size_) ? static_cast<int>(info.sender_tag) : -1;
-    op->size = info.length;
-    const size_t capacity = (std::max<size_t>(op->size, 1) + kAlignment - 1) / kAlignment * kAlignment;
-    auto* memory = capacity >= op->size ? static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity)) : nullptr;
-    if (memory == nullptr) {
-      // A length no one could send honestly: take the message in truncated, and drop it.
-      op->source = -1;
-      op->size = 1;
-      memory = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, kAlignment));
-    }
-    op->buffer.reset(memory, [](uint8_t* p) { std::free(p); });
-    if (op->source >= 0 && op->source != rank_) {
-      peers_[op->source]->receiving.push_back(op);
-    } else {
-      strays_.insert(op);  // received only to be dropped
-    }
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    param.cb.recv = [](void* request, ucs_status_t status, const ucp_tag_recv_info_t*, void* user_data) {
-      auto* op = static_cast<RecvOp*>(user_data);
-      ucp_request_free(request);
-      op->ok = status == UCS_OK;
-      op->done = true;
-    };
-    param.user_data = op;
-    const ucs_status_ptr_t request = ucp_tag_msg_recv_nbx(worker_, op->buffer.get(), op->size, message, &param);
-    if (request == nullptr || UCS_PTR_IS_ERR(request)) {
-      op->ok = request == nullptr;
-      op->done = true;
-    } else {
-      op->request = request;  // callbacks run on this thread, in progress: not yet
-    }
-  }
-
-  // Checks a received head and posts the receives of its bodies, each into a buffer the
-  // tensor will use in place.
-  void examine(RecvOp& op, const std::string& secret) {
-    op.parsed = true;
-    if (!op.ok) return;
-    op.valid = parse_link_message(op.buffer.get(), op.size, secret, &op.message, &op.problem);
-    if (!op.valid) return;
-    op.bodies.resize(op.message.bodies.size());
-    for (size_t i = 0; i < op.bodies.size(); ++i) {
-      BodyRecv& body = op.bodies[i];
-      body.size = op.message.bodies[i].size;
-      body.buffer = pool_->take(body.size);
-      if (body.buffer == nullptr) {
-        // Its bytes stay unexpected in UCX; the peer is failed for a body no one can hold.
-        op.valid = false;
-        op.problem = "no memory for a body of " + std::to_string(body.size) + " bytes";
-        body.done = true;
-        continue;
-      }
-      ucp_request_param_t param{};
-      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
-      param.cb.recv = [](void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
-        auto* body = static_cast<BodyRecv*>(user_data);
-        ucp_request_free(request);
-        body->ok = status == UCS_OK;
-        body->info = *info;
-        body->done = true;
-      };
-      param.user_data = &body;
-      param.recv_info.tag_info = &body.info;
-      const ucs_status_ptr_t request = ucp_tag_recv_nbx(worker_, body.buffer.get(), body.size,
-                                                        op.message.bodies[i].tag, kExactTag, &param);
-      if (request == nullptr || UCS_PTR_IS_ERR(request)) {
-        body.ok = request == nullptr;
-        body.done = true;
-      } else {
-        body.request = request;
-      }
-    }
-  }
-
-  // Hands on `source`'s received messages in the order they were matched.
-  void drain(int source) {
-    Peer& link = *peers_[source];
-    for (RecvOp* op : link.receiving) {
-      if (op->done && !op->parsed) examine(*op, link.secret_in);
-    }
-    while (!link.receiving.empty() && link.receiving.front()->complete()) {
-      std::unique_ptr<RecvOp> op(link.receiving.front());
-      link.receiving.pop_front();
-      if (!op->ok) continue;
-      if (!op->valid) {
-        if (op->size >= kLinkPrefixBytes && starts_with_link_secret(op->buffer.get(), link.secret_in)) {
-          fail_source(source, op->problem);
-        } else {
-          LOG(WARNING) << "rank " << rank_ << ": dropped a UCX message claiming to be from rank " << source << ": "
-                       << op->problem;
-        }
-        continue;
-      }
-      if (op->message.type == LinkMessageType::kProbe) {
-        sink_.on_link_probe(source);
-        continue;
-      }
-      auto buffers = std::make_shared<MessageBuffers>();
-      buffers->head = op->buffer;
-      std::vector<ByteSpan> bodies;
-      std::string problem;
-      for (size_t i = 0; i < op->bodies.size() && problem.empty(); ++i) {
-        const BodyRecv& body = op->bodies[i];
-        if (!body.ok || body.info.length != body.size) {
-          problem = "body " + std::to_string(i) + " did not arrive whole";
-        }
-        bodies.push_back(ByteSpan{body.buffer.get(), body.size});
-        buffers->bodies.push_back(body.buffer);
-      }
-      std::vector<Frame> frames;
-      if (!problem.empty() || !link_message_frames(op->message, bodies, buffers, source, &frames, &problem)) {
-        fail_source(source, problem);
-        continue;
-      }
-      std::lock_guard<std::mutex> lock(link.inbound_mu);
-      if (link.inbound_open) {
-        sink_.on_link_frames(source, std::move(frames));
-      } else {
-        link.held.push_back(std::move(frames));
-      }
-    }
-  }
-
-  void fail_source(int source, const std::string& problem) {
-    sink_.on_link_failed(source, Error(ErrorKind::kProtocol,
-                                       "rank " + std::to_string(source) + " sent a malformed link message: " + problem));
-  }
-
-  // Drops messages received from no known peer.
-  void drop_strays() {
-    for (auto it = strays_.begin(); it != strays_.end();) {
-      if (!(*it)->done) {
-        ++it;
-        continue;
-      }
-      LOG(WARNING) << "rank " << rank_ << ": dropped a UCX message with an unknown sender";
-      delete *it;
-      it = strays_.erase(it);
-    }
+    const bool progressed = ucp_worker_progress(worker_) != 0;
+    return inbound_.poll(worker_) || progressed;
   }
 
   // Closes the links to live peers, waiting up to kCloseTimeout for what is in flight.
@@ -716,17 +446,10 @@ class Links final : public UcxLinks {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [id, op] : pending_) delete op;
     pending_.clear();
-    for (auto& peer : peers_) {
-      for (RecvOp* op : peer->receiving) delete op;
-      peer->receiving.clear();
-    }
-    for (RecvOp* op : strays_) delete op;
-    strays_.clear();
   }
 
   const int rank_;
   const int size_;
-  UcxLinkSink& sink_;
   std::vector<std::unique_ptr<Peer>> peers_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -734,8 +457,7 @@ class Links final : public UcxLinks {
   int epoll_fd_ = -1;
   std::thread progress_thread_;
   std::atomic<bool> stop_progress_{false};
-  std::unordered_set<RecvOp*> strays_;  // the progress thread's
-  const std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
+  LinkInbound inbound_;  // the progress thread's, but for secrets and open()
 
   // Held while a send uses an endpoint; exclusively while one is created or closed. Never
   // taken inside mu_: UCX's own lock (held while its callbacks take mu_) comes between.

@@ -1,0 +1,301 @@
+// The receiving half of a rank's UCX links (ucx_link_inbound.h).
+
+#include "process_group/ucx_link_inbound.h"
+
+#include <glog/logging.h>
+
+#include <cstdlib>
+#include <map>
+
+#include "process_group/ucx_link_message.h"
+
+namespace drpc {
+namespace {
+
+constexpr size_t kAlignment = 64;
+// Freed body buffers kept for reuse, at most this many bytes per process.
+constexpr size_t kPooledBytes = 256u << 20;
+constexpr ucp_tag_t kExactTag = ~ucp_tag_t{0};
+
+// A receive into one body's buffer.
+struct BodyReceive {
+  std::shared_ptr<uint8_t> buffer;
+  size_t size = 0;
+  ucp_tag_recv_info_t info{};
+  void* request = nullptr;  // UCX's, while in flight
+  bool done = false;
+  bool ok = false;
+};
+
+// What keeps a received message's bytes alive while any of its tensors is in use.
+struct MessageBuffers {
+  std::shared_ptr<uint8_t> head;
+  std::vector<std::shared_ptr<uint8_t>> bodies;
+};
+
+}  // namespace
+
+// Keeps freed body buffers for the next bodies: a fresh buffer costs a page fault per 4 KiB
+// when UCX writes it, which for a large tensor costs about as much as the copy itself.
+class BodyBufferPool final : public std::enable_shared_from_this<BodyBufferPool> {
+ public:
+  ~BodyBufferPool() {
+    for (auto& [capacity, memory] : free_) std::free(memory);
+  }
+
+  // A buffer of at least `size` bytes, aligned to kAlignment; null when memory runs out.
+  // It returns here when its last user lets go. Thread-safe.
+  std::shared_ptr<uint8_t> take(size_t size) {
+    const size_t capacity = (std::max<size_t>(size, 1) + 4095) / 4096 * 4096;
+    if (capacity < size) return nullptr;
+    uint8_t* memory = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.lower_bound(capacity);
+      if (it != free_.end() && it->first / 2 <= capacity) {  // not more than twice what is asked
+        memory = it->second;
+        pooled_bytes_ -= it->first;
+        free_.erase(it);
+      }
+    }
+    if (memory == nullptr) memory = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity));
+    if (memory == nullptr) return nullptr;
+    auto pool = shared_from_this();  // the buffer may outlive the links
+    return std::shared_ptr<uint8_t>(memory, [pool, capacity](uint8_t* p) { pool->give_back(p, capacity); });
+  }
+
+ private:
+  void give_back(uint8_t* memory, size_t capacity) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pooled_bytes_ + capacity <= kPooledBytes) {
+        free_.emplace(capacity, memory);
+        pooled_bytes_ += capacity;
+        return;
+      }
+    }
+    std::free(memory);
+  }
+
+  std::mutex mu_;
+  std::multimap<size_t, uint8_t*> free_;  // capacity -> buffer; guarded by mu_
+  size_t pooled_bytes_ = 0;               // guarded by mu_
+};
+
+// A received message: its head, then its bodies.
+struct InboundMessage {
+  int source;
+  std::shared_ptr<uint8_t> buffer;
+  size_t size;
+  void* request = nullptr;  // UCX's, while in flight
+  bool done = false;
+  bool ok = false;
+  bool parsed = false;  // once the head is done: `valid`, `message`, `problem` and `bodies` are set
+  bool valid = false;
+  LinkMessage message;
+  std::string problem;
+  std::vector<BodyReceive> bodies;  // sized before the first is posted
+
+  bool complete() const {
+    if (!done || !parsed) return false;
+    for (const auto& body : bodies) {
+      if (!body.done) return false;
+    }
+    return true;
+  }
+  void release_requests() {
+    if (!done && request != nullptr) ucp_request_free(request);
+    for (auto& body : bodies) {
+      if (!body.done && body.request != nullptr) ucp_request_free(body.request);
+    }
+  }
+};
+
+LinkInbound::LinkInbound(int rank, int size, UcxLinkSink& sink)
+    : rank_(rank), size_(size), sink_(sink), pool_(std::make_shared<BodyBufferPool>()) {
+  for (int r = 0; r < size; ++r) {
+    peers_.push_back(std::make_unique<Peer>());
+    peers_.back()->secret = random_link_secret();
+  }
+}
+
+LinkInbound::~LinkInbound() {
+  for (auto& peer : peers_) {
+    for (InboundMessage* message : peer->receiving) delete message;
+  }
+  for (InboundMessage* message : strays_) delete message;
+}
+
+void LinkInbound::open(int peer) {
+  Peer& link = *peers_.at(peer);
+  std::lock_guard<std::mutex> lock(link.mu);
+  link.open = true;
+  for (auto& frames : link.held) sink_.on_link_frames(peer, std::move(frames));
+  link.held.clear();
+}
+
+bool LinkInbound::poll(ucp_worker_h worker) {
+  bool arrived = false;
+  ucp_tag_recv_info_t info;
+  // Heads only: a body waits, unexpected, until its head asks for it by its tag.
+  while (ucp_tag_message_h message = ucp_tag_probe_nb(worker, 0, kLinkBodyTagBit, /*remove=*/1, &info)) {
+    arrived = true;
+    receive(worker, message, info);
+  }
+  for (int r = 0; r < size_; ++r) {
+    if (!peers_[r]->receiving.empty()) drain(worker, r);
+  }
+  if (!strays_.empty()) drop_strays();
+  return arrived;
+}
+
+void LinkInbound::release_requests() {
+  for (auto& peer : peers_) {
+    for (InboundMessage* message : peer->receiving) message->release_requests();
+  }
+  for (InboundMessage* message : strays_) message->release_requests();
+}
+
+void LinkInbound::receive(ucp_worker_h worker, ucp_tag_message_h message, const ucp_tag_recv_info_t& info) {
+  auto* in = new InboundMessage;
+  in->source = info.sender_tag < static_cast<ucp_tag_t>(size_) ? static_cast<int>(info.sender_tag) : -1;
+  in->size = info.length;
+  const size_t capacity = (std::max<size_t>(in->size, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  auto* memory = capacity >= in->size ? static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity)) : nullptr;
+  if (memory == nullptr) {
+    // A length no one could send honestly: take the message in truncated, and drop it.
+    in->source = -1;
+    in->size = 1;
+    memory = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, kAlignment));
+  }
+  in->buffer.reset(memory, [](uint8_t* p) { std::free(p); });
+  if (in->source >= 0 && in->source != rank_) {
+    peers_[in->source]->receiving.push_back(in);
+  } else {
+    strays_.insert(in);
+  }
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.recv = [](void* request, ucs_status_t status, const ucp_tag_recv_info_t*, void* user_data) {
+    auto* in = static_cast<InboundMessage*>(user_data);
+    ucp_request_free(request);
+    in->ok = status == UCS_OK;
+    in->done = true;
+  };
+  param.user_data = in;
+  const ucs_status_ptr_t request = ucp_tag_msg_recv_nbx(worker, in->buffer.get(), in->size, message, &param);
+  if (request == nullptr || UCS_PTR_IS_ERR(request)) {
+    in->ok = request == nullptr;
+    in->done = true;
+  } else {
+    in->request = request;  // callbacks run on this thread, in progress: not yet
+  }
+}
+
+void LinkInbound::post_bodies(ucp_worker_h worker, InboundMessage& in, const std::string& secret) {
+  in.parsed = true;
+  if (!in.ok) return;
+  in.valid = parse_link_message(in.buffer.get(), in.size, secret, &in.message, &in.problem);
+  if (!in.valid) return;
+  in.bodies.resize(in.message.bodies.size());
+  for (size_t i = 0; i < in.bodies.size(); ++i) {
+    BodyReceive& body = in.bodies[i];
+    body.size = in.message.bodies[i].size;
+    body.buffer = pool_->take(body.size);
+    if (body.buffer == nullptr) {
+      // Its bytes stay unexpected in UCX; the peer is failed for a body no one can hold.
+      in.valid = false;
+      in.problem = "no memory for a body of " + std::to_string(body.size) + " bytes";
+      body.done = true;
+      continue;
+    }
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
+    param.cb.recv = [](void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
+      auto* body = static_cast<BodyReceive*>(user_data);
+      ucp_request_free(request);
+      body->ok = status == UCS_OK;
+      body->info = *info;
+      body->done = true;
+    };
+    param.user_data = &body;
+    param.recv_info.tag_info = &body.info;
+    const ucs_status_ptr_t request =
+        ucp_tag_recv_nbx(worker, body.buffer.get(), body.size, in.message.bodies[i].tag, kExactTag, &param);
+    if (request == nullptr || UCS_PTR_IS_ERR(request)) {
+      body.ok = request == nullptr;
+      body.done = true;
+    } else {
+      body.request = request;
+    }
+  }
+}
+
+void LinkInbound::drain(ucp_worker_h worker, int source) {
+  Peer& link = *peers_[source];
+  for (InboundMessage* in : link.receiving) {
+    if (in->done && !in->parsed) post_bodies(worker, *in, link.secret);
+  }
+  while (!link.receiving.empty() && link.receiving.front()->complete()) {
+    std::unique_ptr<InboundMessage> in(link.receiving.front());
+    link.receiving.pop_front();
+    if (in->ok) hand_on(source, *in);
+  }
+}
+
+void LinkInbound::hand_on(int source, InboundMessage& in) {
+  Peer& link = *peers_[source];
+  if (!in.valid) {
+    if (in.size >= kLinkPrefixBytes && starts_with_link_secret(in.buffer.get(), link.secret)) {
+      fail_source(source, in.problem);
+    } else {
+      LOG(WARNING) << "rank " << rank_ << ": dropped a UCX message claiming to be from rank " << source << ": "
+                   << in.problem;
+    }
+    return;
+  }
+  if (in.message.type == LinkMessageType::kProbe) {
+    sink_.on_link_probe(source);
+    return;
+  }
+  auto buffers = std::make_shared<MessageBuffers>();
+  buffers->head = in.buffer;
+  std::vector<ByteSpan> bodies;
+  std::string problem;
+  for (size_t i = 0; i < in.bodies.size() && problem.empty(); ++i) {
+    const BodyReceive& body = in.bodies[i];
+    if (!body.ok || body.info.length != body.size) problem = "body " + std::to_string(i) + " did not arrive whole";
+    bodies.push_back(ByteSpan{body.buffer.get(), body.size});
+    buffers->bodies.push_back(body.buffer);
+  }
+  std::vector<Frame> frames;
+  if (!problem.empty() || !link_message_frames(in.message, bodies, buffers, source, &frames, &problem)) {
+    fail_source(source, problem);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(link.mu);
+  if (link.open) {
+    sink_.on_link_frames(source, std::move(frames));
+  } else {
+    link.held.push_back(std::move(frames));
+  }
+}
+
+void LinkInbound::fail_source(int source, const std::string& problem) {
+  sink_.on_link_failed(source, Error(ErrorKind::kProtocol,
+                                     "rank " + std::to_string(source) + " sent a malformed link message: " + problem));
+}
+
+void LinkInbound::drop_strays() {
+  for (auto it = strays_.begin(); it != strays_.end();) {
+    if (!(*it)->done) {
+      ++it;
+      continue;
+    }
+    LOG(WARNING) << "rank " << rank_ << ": dropped a UCX message with an unknown sender";
+    delete *it;
+    it = strays_.erase(it);
+  }
+}
+
+}  // namespace drpc

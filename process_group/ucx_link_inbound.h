@@ -1,0 +1,73 @@
+#pragma once
+
+// Internal to //process_group:ucx_links: the receiving half of one rank's UCX links. It
+// takes in each head (probed, so that its buffer fits), checks it carries the sender's
+// secret, posts the receives of its bodies into pooled buffers the tensors then use in
+// place, and hands complete messages on in the order UCX matched their heads, holding a
+// peer's frames until open() (the peer's SWITCH).
+
+#include <ucp/api/ucp.h>
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "process_group/transport.h"
+#include "process_group/ucx_links.h"
+
+namespace drpc {
+
+struct InboundMessage;
+class BodyBufferPool;
+
+class LinkInbound {
+ public:
+  // `sink` must outlive this.
+  LinkInbound(int rank, int size, UcxLinkSink& sink);
+  // Deletes what is left; release_requests() first while the worker lives.
+  ~LinkInbound();
+  LinkInbound(const LinkInbound&) = delete;
+  LinkInbound& operator=(const LinkInbound&) = delete;
+
+  // What `peer`'s messages must carry. Random per peer and process; thread-safe.
+  const std::string& secret(int peer) const { return peers_.at(peer)->secret; }
+
+  // Delivers `peer`'s held frames and those that follow. Thread-safe.
+  void open(int peer);
+
+  // Takes in the heads that arrived on `worker` and hands complete messages on. Returns
+  // whether a head arrived. The progress thread only, like everything below.
+  bool poll(ucp_worker_h worker);
+
+  // Releases the UCX requests still in flight: they never complete once the progress thread
+  // stopped, and the worker must not be destroyed with them.
+  void release_requests();
+
+ private:
+  struct Peer {
+    std::string secret;                    // const after construction
+    std::deque<InboundMessage*> receiving;  // in the order UCX matched them
+    std::mutex mu;
+    bool open = false;                     // guarded by mu
+    std::vector<std::vector<Frame>> held;  // guarded by mu
+  };
+
+  void receive(ucp_worker_h worker, ucp_tag_message_h message, const ucp_tag_recv_info_t& info);
+  void post_bodies(ucp_worker_h worker, InboundMessage& message, const std::string& secret);
+  void drain(ucp_worker_h worker, int source);
+  void hand_on(int source, InboundMessage& message);
+  void fail_source(int source, const std::string& problem);
+  void drop_strays();
+
+  const int rank_;
+  const int size_;
+  UcxLinkSink& sink_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::unordered_set<InboundMessage*> strays_;  // from no known peer, received only to be dropped
+  const std::shared_ptr<BodyBufferPool> pool_;
+};
+
+}  // namespace drpc
