@@ -11,13 +11,12 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <thread>
 
 #include "process_group/connection_protocol.h"
 #include "process_group/grpc_outbox.h"
 #include "process_group/grpc_security.h"
-#include "process_group/ucx_links.h"
+#include "process_group/link_router.h"
 
 #ifdef DRPC_TSAN
 #include <sanitizer/tsan_interface.h>
@@ -147,7 +146,7 @@ class PeerService final : public grpc::CallbackGenericService {
   GrpcTransport& transport_;
 };
 
-class GrpcTransport final : public Transport, private UcxLinkSink {
+class GrpcTransport final : public Transport, private StreamSide {
  public:
   GrpcTransport(Store& store, int rank, int size, const GrpcTransportOptions& options, FrameSink& sink)
       : rank_(rank),
@@ -156,15 +155,11 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
         sink_(sink),
         protocol_({rank, size, options.security.token, options.group_name}, options.heartbeat_interval,
                   options.heartbeat_misses),
-        service_(*this) {
+        service_(*this),
+        router_(rank, size, options.data_plane, *this) {
     if (size <= 0) throw Error(ErrorKind::kBadArgument, "world size must be positive, got " + std::to_string(size));
     check_rank_in_world(rank, size);
     for (int r = 0; r < size; ++r) peers_.push_back(std::make_unique<Peer>());
-    if (options_.data_plane != DataPlane::kGrpc && size_ > 1) {
-      std::string why_not;
-      links_ = create_ucx_links(rank_, size_, options_.data_plane, *this, &why_not);
-      if (!links_) VLOG(1) << "rank " << rank_ << ": no UCX links, every peer stays on gRPC: " << why_not;
-    }
     try {
       start_server();
       rendezvous(store);
@@ -185,14 +180,13 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
   std::string link_to(int rank) const override {
     check_rank_in_world(rank, size_);
     if (rank == rank_) return "self";
-    std::shared_lock<std::shared_mutex> lock(peers_[rank]->route_mu);
-    return peers_[rank]->on_link ? "ucx" : "grpc";
+    return router_.link_to(rank);
   }
 
   void send(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
             SendCallback on_sent) override {
     if (stopping_) throw Error(ErrorKind::kShutdown, "rank " + std::to_string(rank_) + " is shutting down");
-    send_on_route(dst, header, tensors, std::move(on_sent));
+    router_.send(dst, header, tensors, std::move(on_sent));
   }
 
   void shutdown() override {
@@ -219,7 +213,7 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
     }
     changed_.notify_all();
     if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
-    if (links_) links_->shutdown();
+    router_.shutdown();
     for (auto& peer : peers_) {
       peer->outbox.close(Error(ErrorKind::kShutdown, "rank " + std::to_string(rank_) + " is shutting down"));
       if (peer->client) peer->client->cancel();
@@ -259,26 +253,10 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
   // Queues this rank's hello: the first frame on a stream, either way.
   void send_hello(int peer) { peers_[peer]->outbox.send(hello_header(protocol_.self()), {}, nullptr); }
 
-  // The stream to `peer` is up: offers it our UCX link (see ucx_links.h), or says we have
-  // none (an offer without an address) so that it need not wait for one.
+  // The stream to `peer` is up: offers it our UCX link (link_router.h).
   void mark_connected(int peer, std::string address) {
     protocol_.connected(peer, std::move(address), Clock::now());
-    pg::FrameHeader offer = control_header(pg::FrameHeader::LINK_OFFER);
-    if (links_) {
-      offer.set_link_address(links_->address());
-      offer.set_link_secret(links_->inbound_secret(peer));
-      offer.set_host_id(host_id_);
-    }
-    send_on_grpc(peer, offer);
-  }
-
-  // Sends one of the data plane's control frames, which travel on gRPC whatever the route.
-  void send_on_grpc(int peer, const pg::FrameHeader& header) {
-    try {
-      peers_[peer]->outbox.send(header, {}, nullptr);
-    } catch (const Error&) {
-      // The stream is closing; its own failure report covers it.
-    }
+    router_.offer_link(peer);
   }
 
   // Our stream to `peer` ended before the peer answered our hello. Only UNAUTHENTICATED is
@@ -315,23 +293,11 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
   // Acts on frames from `peer` (from its gRPC stream or its UCX link) in order.
   void deliver_frames(int peer, std::vector<Frame> frames, bool on_grpc) {
     for (auto& frame : frames) {
-      switch (frame.header.kind()) {  // the data plane's own frames, trusted only on gRPC
-        case pg::FrameHeader::LINK_OFFER:
-          if (on_grpc) accept_link_offer(peer, frame.header);
-          continue;
-        case pg::FrameHeader::LINK_READY:
-          if (on_grpc) switch_to_link(peer);
-          continue;
-        case pg::FrameHeader::SWITCH:
-          if (on_grpc && links_) links_->open_inbound(peer);
-          continue;
-        default:
-          break;
-      }
+      if (router_.on_control_frame(peer, frame.header, on_grpc)) continue;
       switch (protocol_.on_frame(peer, frame.header)) {
         case FrameAction::kAcknowledgeGoodbye: {
           try {
-            send_on_route(peer, control_header(pg::FrameHeader::GOODBYE_ACK), {}, nullptr);
+            router_.send(peer, control_header(pg::FrameHeader::GOODBYE_ACK), {}, nullptr);
           } catch (const Error&) {
             // We are leaving too; the peer stops waiting when our stream closes.
           }
@@ -350,7 +316,7 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
     const std::optional<ConnectionProtocol::Loss> loss = protocol_.lose(peer, why);
     if (!loss) return;
     peers_[peer]->outbox.close(loss->error);
-    if (links_) links_->fail_peer(peer, loss->error);
+    router_.fail_peer(peer, loss->error);
     if (peers_[peer]->client) peers_[peer]->client->cancel();
     if (!stopping_ && loss->was_connected) sink_.on_peer_failed(peer, loss->error);
   }
@@ -366,90 +332,19 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
   struct Peer {
     Outbox outbox;
     std::unique_ptr<ClientPeer> client;  // when this rank dials the peer
-    // Whether our frames to the peer go over its UCX link. Sends hold route_mu shared; the
-    // switch holds it alone, so no frame passes the SWITCH frame on either link.
-    mutable std::shared_mutex route_mu;
-    bool on_link = false;       // guarded by route_mu
-    bool link_decided = false;  // guarded by GrpcTransport::mu_: on UCX, or staying on gRPC
   };
 
-  // Sends on the peer's gRPC stream or, once switched, on its UCX link.
-  void send_on_route(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
-                     SendCallback on_sent) {
-    Peer& peer = *peers_.at(dst);
-    std::shared_lock<std::shared_mutex> lock(peer.route_mu);
-    if (peer.on_link) {
-      links_->send(dst, header, tensors, std::move(on_sent));
-    } else {
-      peer.outbox.send(header, tensors, std::move(on_sent));
-    }
+  // --- StreamSide (for the router) ------------------------------------------------------
+  void send_on_stream(int peer, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
+                      SendCallback on_sent) override {
+    peers_[peer]->outbox.send(header, tensors, std::move(on_sent));
   }
 
-  // `peer` offered its UCX link: open ours to it and probe it, when the pair may use UCX.
-  void accept_link_offer(int peer, const pg::FrameHeader& offer) {
-    if (!links_) return;
-    if (offer.link_address().empty()) return stay_on_grpc(peer, "it has no UCX link");
-    if (options_.data_plane == DataPlane::kAuto && offer.host_id() != host_id_) {
-      return stay_on_grpc(peer, "it runs on another host (" + offer.host_id() + ")");
-    }
-    try {
-      links_->connect(peer, offer.link_address(), offer.link_secret());
-    } catch (const Error& e) {
-      stay_on_grpc(peer, e.message());
-    }
-  }
-
-  // Frames to `peer` stay on gRPC, because of `why`.
-  void stay_on_grpc(int peer, const std::string& why) {
-    VLOG(1) << "rank " << rank_ << ": frames to rank " << peer << " stay on gRPC: " << why;
-    mark_link_decided(peer);
-  }
-
-  void mark_link_decided(int peer) {
-    std::lock_guard<std::mutex> lock(mu_);
-    peers_[peer]->link_decided = true;
-    changed_.notify_all();
-  }
-
-  // Waits until every pair chose its link, or `deadline`; the silent ones stay on gRPC.
-  void wait_links_decided(Clock::time_point deadline) {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      if (!changed_.wait_until(lock, deadline, [&] { return peers_[r]->link_decided || shut_down_; })) {
-        lock.unlock();
-        stay_on_grpc(r, "it did not answer the UCX probe within " + std::to_string(kLinkProbeTimeout.count()) + " ms");
-        lock.lock();
-      }
-    }
-  }
-
-  // `peer` received our probe: our frames to it switch to UCX after a SWITCH frame, the
-  // last of them on gRPC.
-  void switch_to_link(int peer) {
-    if (!links_) return;
-    Peer& p = *peers_[peer];
-    std::unique_lock<std::shared_mutex> lock(p.route_mu);
-    if (p.on_link) return;
-    try {
-      p.outbox.send(control_header(pg::FrameHeader::SWITCH), {}, nullptr);
-    } catch (const Error&) {
-      return;  // the stream is closing
-    }
-    p.on_link = true;
-    lock.unlock();
-    VLOG(1) << "rank " << rank_ << ": frames to rank " << peer << " go over UCX";
-    mark_link_decided(peer);
-  }
-
-  // --- UcxLinkSink (the links' progress thread) -----------------------------------------
   void on_link_frames(int source, std::vector<Frame> frames) override {
     if (protocol_.is_lost(source)) return;
     protocol_.heard_from(source, Clock::now());
     deliver_frames(source, std::move(frames), /*on_grpc=*/false);
   }
-
-  void on_link_probe(int source) override { send_on_grpc(source, control_header(pg::FrameHeader::LINK_READY)); }
 
   void on_link_failed(int source, const Error& why) override {
     LOG(ERROR) << "rank " << rank_ << ": " << why.message() << "; closing the connection";
@@ -470,7 +365,7 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
       }
       for (int r : round.beat) {
         try {
-          send_on_route(r, control_header(pg::FrameHeader::HEARTBEAT), {}, nullptr);
+          router_.send(r, control_header(pg::FrameHeader::HEARTBEAT), {}, nullptr);
         } catch (const Error&) {
           // The stream is closing; its own failure report covers it.
         }
@@ -510,7 +405,7 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
       peers_[r]->client->start();
     }
     protocol_.wait_connected(deadline, options_.connect_timeout);
-    if (links_) wait_links_decided(std::min(deadline, Clock::now() + kLinkProbeTimeout));
+    router_.wait_decided(std::min(deadline, Clock::now() + kLinkProbeTimeout));
   }
 
   const int rank_;
@@ -519,11 +414,10 @@ class GrpcTransport final : public Transport, private UcxLinkSink {
   FrameSink& sink_;
   ConnectionProtocol protocol_;
   PeerService service_;
+  LinkRouter router_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::vector<std::unique_ptr<Peer>> peers_;
-  const std::string host_id_ = this_host_id();
-  std::unique_ptr<UcxLinks> links_;  // null: gRPC only
   std::atomic<bool> stopping_{false};
   std::thread heartbeat_thread_;
 
