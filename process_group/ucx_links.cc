@@ -335,6 +335,7 @@ class Links final : public UcxLinks {
     const uint64_t id = raw->id;
     const size_t parts = raw->parts.size();
     bool head_failed = false;
+    bool in_flight = false;
     for (size_t i = 0; i < parts; ++i) {
       if (head_failed) {  // the peer would never ask for the bodies
         part_done(raw, i, UCS_ERR_CANCELED);
@@ -368,6 +369,7 @@ class Links final : public UcxLinks {
         head_failed = i == 0;
         part_done(raw, i, UCS_PTR_STATUS(request));
       } else {
+        in_flight = true;
         // Unless it completed meanwhile, shutdown may have to release it.
         std::lock_guard<std::mutex> lock(mu_);
         auto it = pending_.find(id);
@@ -375,7 +377,9 @@ class Links final : public UcxLinks {
       }
     }
     ep_lock.unlock();
-    ucp_worker_signal(worker_);  // the progress thread drives what is in flight from here
+    // The progress thread drives what is in flight from here; a thread that polls will see
+    // it without a wake-up (a system call, and on a busy machine a context switch).
+    if (in_flight && progress_sleeping_) ucp_worker_signal(worker_);
   }
 
   void progress_loop() {
@@ -389,14 +393,25 @@ class Links final : public UcxLinks {
         sched_yield();
         continue;
       }
+      // Senders signal once this is set; a send posted before it is seen by this last poll.
+      progress_sleeping_ = true;
+      if (poll_once()) {
+        progress_sleeping_ = false;
+        last_activity = Clock::now();
+        continue;
+      }
       const ucs_status_t status = ucp_worker_arm(worker_);
-      if (status == UCS_ERR_BUSY) continue;  // events arrived meanwhile
+      if (status == UCS_ERR_BUSY) {  // events arrived meanwhile
+        progress_sleeping_ = false;
+        continue;
+      }
       if (status != UCS_OK) {
         LOG(ERROR) << "rank " << rank_ << ": " << ucx_error("arming UCX's wake-up", status);
         return;
       }
       epoll_event event{};
       epoll_wait(epoll_fd_, &event, 1, -1);  // shutdown wakes it with ucp_worker_signal
+      progress_sleeping_ = false;
       last_activity = Clock::now();
     }
   }
@@ -457,6 +472,7 @@ class Links final : public UcxLinks {
   int epoll_fd_ = -1;
   std::thread progress_thread_;
   std::atomic<bool> stop_progress_{false};
+  std::atomic<bool> progress_sleeping_{false};  // from just before its last poll until it wakes
   LinkInbound inbound_;  // the progress thread's, but for secrets and open()
 
   // Held while a send uses an endpoint; exclusively while one is created or closed. Never

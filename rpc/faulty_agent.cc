@@ -30,7 +30,7 @@ class FaultyAgent final : public RpcAgent {
   WorkerInfo worker(int id) const override { return inner_->worker(id); }
   std::vector<WorkerInfo> workers() const override { return inner_->workers(); }
   std::chrono::milliseconds default_timeout() const override { return inner_->default_timeout(); }
-  void register_handler(int32_t type, Handler handler, bool run_inline) override {
+  void register_handler(int32_t type, Handler handler, InlinePolicy run_inline) override {
     inner_->register_handler(type, std::move(handler), run_inline);
   }
   void add_interceptor(Interceptor interceptor) override { inner_->add_interceptor(std::move(interceptor)); }

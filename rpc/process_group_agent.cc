@@ -96,7 +96,7 @@ class ProcessGroupAgent final : public RpcAgent {
     default_timeout_ms_ = timeout.count();
   }
 
-  void register_handler(int32_t type, Handler handler, bool run_inline) override {
+  void register_handler(int32_t type, Handler handler, InlinePolicy run_inline) override {
     server_.register_handler(type, std::move(handler), run_inline);
   }
   void add_interceptor(Interceptor interceptor) override { interceptors_.add(std::move(interceptor)); }

@@ -343,7 +343,7 @@ TEST(ProcessGroupAgent, MessagesArrivingDuringStartUpDoNotOvertakeHeldOnes) {
         reply->markCompleted(message_to_ivalue(Message{kEcho, request.payload, {}}));
         return reply;
       },
-      /*run_inline=*/true);  // served in arrival order, on the thread that dispatches it
+      RpcAgent::always_inline());  // served in arrival order, on the thread that dispatches it
   agents[0].start();
   auto first = agents[0].send(agents[0].worker(1), Message{kEcho, "first", {}}, milliseconds(5000), "echo");
   // A point-to-point tensor behind it on the same queue: once it is here, "first" is held.

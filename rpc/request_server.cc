@@ -10,9 +10,9 @@ RequestServer::RequestServer(std::vector<WorkerInfo> workers, int self, HandlerP
                              Deliver deliver)
     : workers_(std::move(workers)), self_(self), deliver_(std::move(deliver)), pool_(std::move(around)) {}
 
-void RequestServer::register_handler(int32_t type, RpcAgent::Handler handler, bool run_inline) {
+void RequestServer::register_handler(int32_t type, RpcAgent::Handler handler, RpcAgent::InlinePolicy run_inline) {
   handlers_[type] = std::move(handler);
-  if (run_inline) inline_types_.insert(type);
+  if (run_inline) inline_policies_[type] = std::move(run_inline);
 }
 
 void RequestServer::set_instruments(Metrics* metrics, Tracer* tracer) {
@@ -23,7 +23,7 @@ void RequestServer::set_instruments(Metrics* metrics, Tracer* tracer) {
 RequestServer::Request RequestServer::receive(int source, int64_t id, const std::string& what, bool profiled,
                                               Message message, std::exception_ptr refused, int64_t arrival_ns) {
   const std::string label = function_label(what);
-  Request request{source, id, std::move(message), metrics_ ? metrics_->function(label) : nullptr, arrival_ns,
+  Request request{source, id, std::move(message), metrics_ ? metrics_->function(label) : nullptr, label, arrival_ns,
                   profiled && tracer_ ? std::make_shared<ServeTrace>(label, tracer_->new_span_id(self_)) : nullptr,
                   std::move(refused)};
   if (metrics_) metrics_->call_received(request.fn, source);
@@ -33,7 +33,8 @@ RequestServer::Request RequestServer::receive(int source, int64_t id, const std:
 }
 
 bool RequestServer::serve(Request request) {
-  if (inline_types_.count(request.message.type) > 0) {
+  auto policy = inline_policies_.find(request.message.type);
+  if (policy != inline_policies_.end() && policy->second(request.what, request.message)) {
     run(std::move(request));
     return true;
   }

@@ -11,7 +11,6 @@
 #include <exception>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -31,6 +30,7 @@ class RequestServer {
     int64_t id = 0;
     Message message;
     Metrics::Function* fn = nullptr;
+    std::string what;  // its label, bounded
     int64_t arrival_ns = 0;
     std::shared_ptr<ServeTrace> trace;  // profiled requests only
     std::exception_ptr refused;         // an interceptor refused it: the answer
@@ -47,9 +47,10 @@ class RequestServer {
   RequestServer(const RequestServer&) = delete;
   RequestServer& operator=(const RequestServer&) = delete;
 
-  // Before start(): the handler of a message type, run inline (on the arriving thread)
-  // when `run_inline`; and the instruments (either may be null; they must outlive this).
-  void register_handler(int32_t type, RpcAgent::Handler handler, bool run_inline);
+  // Before start(): the handler of a message type, run inline (on the arriving thread) for
+  // the requests `run_inline` picks; and the instruments (either may be null; they must
+  // outlive this).
+  void register_handler(int32_t type, RpcAgent::Handler handler, RpcAgent::InlinePolicy run_inline);
   void set_instruments(Metrics* metrics, Tracer* tracer);
 
   // A request arrived from `source` at `arrival_ns`, labelled `what` by its caller (bounded
@@ -75,7 +76,7 @@ class RequestServer {
   Metrics* metrics_ = nullptr;            // set before start()
   Tracer* tracer_ = nullptr;              // set before start()
   std::map<int32_t, RpcAgent::Handler> handlers_;  // set before start()
-  std::set<int32_t> inline_types_;        // set before start()
+  std::map<int32_t, RpcAgent::InlinePolicy> inline_policies_;  // set before start()
   HandlerPool pool_;
 };
 

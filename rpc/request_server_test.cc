@@ -72,7 +72,7 @@ TEST_F(RequestServerTest, TheReplyCarriesItsTypeAndTheRequestsExtensionsItDoesNo
         future->markCompleted(message_to_ivalue(Message{8, "answer", {}, {{300, "reply's own"}}}));
         return future;
       },
-      false);
+      nullptr);
   server_.pool().start(1);
   ASSERT_TRUE(server_.serve(request(7, {{300, "request's"}, {301, "context"}})));
   Delivered d = next();
@@ -89,16 +89,16 @@ TEST_F(RequestServerTest, TheReplyCarriesItsTypeAndTheRequestsExtensionsItDoesNo
 TEST_F(RequestServerTest, FailuresBecomeErrorRepliesOfTheirKind) {
   bool refused_ran = false;
   server_.register_handler(1, [](const WorkerInfo&, Message) -> FuturePtr { throw std::runtime_error("boom"); },
-                           false);
+                           nullptr);
   server_.register_handler(2, [&](const WorkerInfo&, Message) {
     refused_ran = true;
     return make_message_future();
-  }, false);
+  }, nullptr);
   server_.register_handler(3, [](const WorkerInfo&, Message) {
     auto future = make_message_future();
     future->markCompleted(c10::IValue(int64_t{5}));
     return future;
-  }, false);
+  }, nullptr);
   server_.pool().start(1);
 
   server_.serve(request(9));
@@ -129,17 +129,32 @@ TEST_F(RequestServerTest, InlineTypesRunOnTheArrivingThreadOthersOnTheHandlerThr
     future->markCompleted(message_to_ivalue(std::move(m)));
     return future;
   };
-  server_.register_handler(1, echo, true);
-  server_.register_handler(2, echo, false);
+  server_.register_handler(1, echo, RpcAgent::always_inline());
+  server_.register_handler(2, echo, nullptr);
+  // Type 3: inline for the requests its policy picks (here by label and payload).
+  std::vector<std::string> asked;
+  server_.register_handler(3, echo, [&](const std::string& what, const Message& m) {
+    asked.push_back(what);
+    return m.payload == "payload";
+  });
   server_.pool().start(1);
   server_.serve(request(1));
   EXPECT_EQ(next().thread, std::this_thread::get_id());
   server_.serve(request(2));
   EXPECT_NE(next().thread, std::this_thread::get_id());
+  server_.serve(request(3));
+  EXPECT_EQ(next().thread, std::this_thread::get_id());
+  RequestServer::Request other = request(3);
+  other.message.payload = "large";
+  server_.serve(std::move(other));
+  Delivered d = next();
+  EXPECT_NE(d.thread, std::this_thread::get_id());
+  EXPECT_EQ(d.reply.payload, "large");
+  EXPECT_EQ(asked, (std::vector<std::string>{"f", "f"}));
 }
 
 TEST_F(RequestServerTest, AStoppedPoolRefusesRequests) {
-  server_.register_handler(2, [](const WorkerInfo&, Message) { return make_message_future(); }, false);
+  server_.register_handler(2, [](const WorkerInfo&, Message) { return make_message_future(); }, nullptr);
   server_.pool().start(1);
   server_.pool().stop();
   EXPECT_FALSE(server_.serve(request(2)));

@@ -111,11 +111,18 @@ class RpcAgent {
   virtual FuturePtr send(const WorkerInfo& to, Message request, std::chrono::milliseconds timeout,
                          CallName what) = 0;
 
-  // Registers the handler for `type`; set before start(). Not thread-safe with send().
-  // `run_inline` handlers run on the network thread that received the request: for cheap
-  // protocol messages that must never wait behind busy handler threads. They must not
-  // block.
-  virtual void register_handler(int32_t type, Handler handler, bool run_inline = false) = 0;
+  // Which requests run on the network thread that received them instead of a handler
+  // thread: cheap ones (protocol messages that must never wait behind busy handler threads,
+  // small builtin calls that would spend more on the hop than on their work). They must not
+  // block. `what` is the request's label (a call's function name, as its caller gave it).
+  using InlinePolicy = std::function<bool(const std::string& what, const Message& request)>;
+  static InlinePolicy always_inline() {
+    return [](const std::string&, const Message&) { return true; };
+  }
+
+  // Registers the handler for `type`, run inline for the requests `run_inline` picks (none
+  // when null); set before start(). Not thread-safe with send().
+  virtual void register_handler(int32_t type, Handler handler, InlinePolicy run_inline = nullptr) = 0;
   virtual void add_interceptor(Interceptor interceptor) = 0;
 
   // Called once per peer that is gone (its connection broke, it went silent past the

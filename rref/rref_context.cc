@@ -72,12 +72,12 @@ void ContextImpl::install() {
   // The protocol's handlers never block (user functions are handed to the pool), so
   // they run inline: the protocol keeps moving even when every handler thread is busy
   // with a function that waits on an RRef.
-  agent_.register_handler(kRRefRemoteCall, handler(&ContextImpl::on_remote_call), true);
-  agent_.register_handler(kRRefFetch, handler(&ContextImpl::on_fetch), true);
-  agent_.register_handler(kRRefUserDelete, handler(&ContextImpl::on_user_delete), true);
-  agent_.register_handler(kRRefForkRequest, handler(&ContextImpl::on_fork_request), true);
-  agent_.register_handler(kRRefChildAccept, handler(&ContextImpl::on_child_accept), true);
-  agent_.register_handler(kRRefApply, handler(&ContextImpl::on_apply), true);
+  agent_.register_handler(kRRefRemoteCall, handler(&ContextImpl::on_remote_call), RpcAgent::always_inline());
+  agent_.register_handler(kRRefFetch, handler(&ContextImpl::on_fetch), RpcAgent::always_inline());
+  agent_.register_handler(kRRefUserDelete, handler(&ContextImpl::on_user_delete), RpcAgent::always_inline());
+  agent_.register_handler(kRRefForkRequest, handler(&ContextImpl::on_fork_request), RpcAgent::always_inline());
+  agent_.register_handler(kRRefChildAccept, handler(&ContextImpl::on_child_accept), RpcAgent::always_inline());
+  agent_.register_handler(kRRefApply, handler(&ContextImpl::on_apply), RpcAgent::always_inline());
   agent_.add_peer_failure_listener([this](const WorkerInfo& peer, const Error& reason) {
     on_peer_failed(peer, reason);
   });

@@ -407,6 +407,41 @@ TEST(RpcJob, BlockedHandlersDoNotDeadlockAsyncFunctions) {
   for (auto& v : wait_all(futures)) EXPECT_EQ(v.toTensor().item<double>(), 11.0);
 }
 
+TEST(RpcJob, SmallBuiltinCallsAreAnsweredWhileEveryHandlerThreadIsBusy) {
+  Options options;
+  options.num_worker_threads = 1;
+  Job job(2, options);
+  Gate gate;
+  g_gate = &gate;
+  auto blocked = job[0].rpc_async("worker1", "test.blocked", {int64_t{7}});
+  gate.wait_for_waiters(1);  // worker1's only handler thread is held
+  // A builtin operator on small tensors is served on the thread that received it.
+  const at::Tensor a = at::ones({4});
+  EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "aten::add", {a, a}).toTensor(), a * 2));
+  // Large tensors, a registered function and a factory (its output's size is an argument)
+  // wait for a handler thread.
+  const at::Tensor big = at::ones({1 << 15});  // 128 KiB
+  auto large = job[0].rpc_async("worker1", "aten::add", {big, big});
+  auto registered = job[0].rpc_async("worker1", "test.scale", {a, 2.0});
+  auto factory = job[0].rpc_async("worker1", "aten::ones", {c10::List<int64_t>({2})});
+  // This one arrives after them (frames to a peer keep their order) and is answered first.
+  EXPECT_TRUE(at::equal(job[0].rpc_sync("worker1", "aten::mul", {a, a}).toTensor(), a));
+  EXPECT_FALSE(large->completed());
+  EXPECT_FALSE(registered->completed());
+  EXPECT_FALSE(factory->completed());
+  EXPECT_FALSE(blocked->completed());
+  gate.release();
+  blocked->wait();
+  EXPECT_EQ(blocked->value().toInt(), 7);
+  large->wait();
+  EXPECT_TRUE(at::equal(large->value().toTensor(), big * 2));
+  registered->wait();
+  EXPECT_TRUE(at::equal(registered->value().toTensor(), a * 2));
+  factory->wait();
+  EXPECT_TRUE(at::equal(factory->value().toTensor(), at::ones({2})));
+  g_gate = nullptr;
+}
+
 DRPC_ON_EVERY_NETWORK(RpcTest);
 
 }  // namespace
