@@ -2,6 +2,7 @@
 
 #include "process_group/ucx_link_message.h"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -86,14 +87,13 @@ bool starts_with_link_secret(const uint8_t* data, const std::string& secret) {
 }
 
 uint64_t link_body_tag(const std::string& secret, uint64_t counter) {
-  std::string key = secret;
-  key.resize(kLinkSecretBytes);
-  const auto* bytes = reinterpret_cast<const uint8_t*>(key.data());
+  uint64_t key[2] = {0, 0};  // the secret's two words (called per body: no copy of it)
+  std::memcpy(key, secret.data(), std::min(secret.size(), sizeof(key)));
   // splitmix64's finalizer (a bijection) on a secret starting point, then a secret mask.
-  uint64_t x = read_at<uint64_t>(bytes) + counter * 0x9E3779B97F4A7C15ull;
+  uint64_t x = key[0] + counter * 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  x ^= (x >> 31) ^ read_at<uint64_t>(bytes + 8);
+  x ^= (x >> 31) ^ key[1];
   return kLinkBodyTagBit | x;
 }
 
