@@ -86,12 +86,20 @@ PYBIND11_MODULE(_drpc, m) {
   using namespace drpc::python;
   m.doc() = "drpc's C++ API; use the `drpc` package instead.";
 
+  // Global: a drpc error also surfaces through torch's own bindings, as when a
+  // torch.futures.Future that rpc_async completed with one is waited on.
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
       py::object exc = python_exception(std::current_exception());
       PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    }
+  });
+  // Local: torch's functions keep torch's own translation of its errors.
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
     } catch (const c10::Error& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
     }

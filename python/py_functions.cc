@@ -1,5 +1,7 @@
 #include "python/py_functions.h"
 
+#include <torch/csrc/jit/python/pybind_utils.h>
+
 #include "python/py_errors.h"
 #include "python/py_values.h"
 
@@ -12,29 +14,87 @@ PyObject* torch_future_type() {
   return type;
 }
 
+// Whether torch's conversion of `value` to Python (when the future's value is asked for)
+// gives what to_python does: data only, no RRef, no Python object, no wrapped number.
+bool torch_converts_alike(const c10::IValue& value) {
+  if (value.isNone() || value.isBool() || value.isInt() || value.isDouble() || value.isComplexDouble() ||
+      value.isString()) {
+    return true;
+  }
+  if (value.isTensor()) {
+    const at::Tensor& tensor = value.toTensor();
+    return !tensor.defined() || !tensor.unsafeGetTensorImpl()->is_wrapped_number();
+  }
+  if (value.isList()) {
+    for (const c10::IValue& item : value.toListRef()) {
+      if (!torch_converts_alike(item)) return false;
+    }
+    return true;
+  }
+  if (value.isTuple()) {
+    const auto& tuple = value.toTupleRef();
+    if (tuple.type() && tuple.type()->schema()) return false;  // a NamedTuple: torch makes a namedtuple
+    for (const c10::IValue& item : tuple.elements()) {
+      if (!torch_converts_alike(item)) return false;
+    }
+    return true;
+  }
+  if (value.isGenericDict()) {
+    for (const auto& entry : value.toGenericDict()) {
+      if (!torch_converts_alike(entry.key()) || !torch_converts_alike(entry.value())) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+// The error a Python waiter sees: drpc's own, or one of kind Internal naming the C++ one
+// (the module's exception translator raises drpc's Python class for it).
+std::exception_ptr as_drpc_error(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error&) {
+    return error;
+  } catch (const c10::Error& e) {
+    return std::make_exception_ptr(Error(ErrorKind::kInternal, e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return std::make_exception_ptr(Error(ErrorKind::kInternal, e.what()));
+  } catch (...) {
+    return std::make_exception_ptr(Error(ErrorKind::kInternal, "unknown C++ exception"));
+  }
+}
+
 }  // namespace
 
 void complete_later(const FuturePtr& future, py::object target) {
-  auto held = std::make_shared<GilObject>(std::move(target));
-  future->addCallback([held](c10::ivalue::Future& done) {
-    if (!Py_IsInitialized()) return;
-    py::gil_scoped_acquire gil;
+  // The Python future's own C++ future: completing that needs no GIL, and the waiting
+  // Python thread converts the value itself when it asks for it. Taking the GIL on every
+  // completion, from as many threads as calls complete on, cost more than the call did.
+  auto wrapper = target.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>();
+  c10::intrusive_ptr<c10::ivalue::Future> python_side = wrapper->fut;
+  future->addCallback([python_side](c10::ivalue::Future& done) {
     try {
       if (done.hasError()) {
-        held->get().attr("set_exception")(python_exception(done.exception_ptr()));
+        python_side->setError(as_drpc_error(done.exception_ptr()));
+      } else if (torch_converts_alike(done.constValue())) {
+        python_side->markCompleted(done.constValue());
       } else {
-        py::object value;
+        // RRefs and Python objects: made into Python here, where the GIL is taken anyway.
+        if (!Py_IsInitialized()) return;
+        py::gil_scoped_acquire gil;
+        c10::IValue value;
         try {
-          value = to_python(done.value());
+          value = c10::IValue(c10::intrusive_ptr<c10::ivalue::PyObjectHolder>(
+              c10::make_intrusive<PyObjectValue>(to_python(done.constValue()))));
         } catch (py::error_already_set& e) {
-          held->get().attr("set_exception")(e.value());
+          python_side->setError(std::make_exception_ptr(Error(ErrorKind::kBadArgument, e.what())));
           return;
         }
-        held->get().attr("set_result")(value);
+        python_side->markCompleted(std::move(value));
       }
-    } catch (py::error_already_set& e) {
-      // A then-callback of the user's raised; torch's future reports that itself.
-      e.discard_as_unraisable("drpc future callback");
+    } catch (const std::exception& e) {
+      // The user completed the future themselves (set_result): theirs stands.
+      LOG(WARNING) << "drpc: a future's outcome was dropped: " << e.what();
     }
   });
 }

@@ -17,8 +17,9 @@ namespace python {
 
 namespace py = pybind11;
 
-// Completes the Python future `target` (a torch.futures.Future) with `future`'s outcome,
-// on the thread that completes `future`.
+// Completes the Python future `target` (a torch.futures.Future; GIL held) with `future`'s
+// outcome, on the thread that completes `future`, without the GIL unless the value holds
+// RRefs or Python objects. Errors are drpc::Errors, raised as drpc's Python classes.
 void complete_later(const FuturePtr& future, py::object target);
 
 // Runs registered Python function `name` (`fn`) on a handler thread, taking the GIL. A

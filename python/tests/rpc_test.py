@@ -82,6 +82,23 @@ class Calls(unittest.TestCase):
         self.assertTrue(torch.equal(chained.wait(), x * 2 + 1))
         self.assertEqual(len(drpc.wait_all([drpc.rpc_async("worker2", functions.whoami)])), 1)
 
+    def test_a_future_gives_the_same_values_as_rpc_sync(self):
+        # Plain data completes the future without the GIL and torch converts it when asked;
+        # RRefs are converted by drpc. Both must give what rpc_sync gives.
+        owned = drpc.remote("worker2", functions.scale, args=(torch.ones(2), 3.0))
+        args = (torch.arange(2.0), 7, 2.5, True, None, "s", [1, 2], [torch.ones(1), "x"], {"k": (1, [2.0])}, owned)
+        via_future = drpc.rpc_async("worker1", functions.echo, args=args, kwargs={"n": {1: False}}).wait()
+        via_sync = drpc.rpc_sync("worker1", functions.echo, args=args, kwargs={"n": {1: False}})
+        for got in (via_future, via_sync):
+            got_args, got_kwargs = got
+            self.assertEqual([type(a) for a in got_args], [type(a) for a in args])
+            self.assertTrue(torch.equal(got_args[0], args[0]))
+            self.assertEqual(list(got_args[1:7]), list(args[1:7]))
+            self.assertEqual(got_args[8], args[8])
+            self.assertTrue(torch.equal(got_args[7][0], torch.ones(1)))
+            self.assertEqual(got_kwargs, {"n": {1: False}})
+            self.assertTrue(torch.equal(got_args[9].to_here(), torch.ones(2) * 3))
+
     def test_a_then_callback_may_make_rpcs(self):
         x = torch.ones(2)
         f = drpc.rpc_async("worker1", functions.scale, args=(x, 2.0))
