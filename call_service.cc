@@ -113,7 +113,7 @@ FuturePtr CallService::serve(const WorkerInfo& from, const Message& request) {
   });
   return result->then(
       [fn, hooks](c10::ivalue::Future& done) {
-        return message_to_ivalue(encode_result(0, done.value(), fn + ": result", hooks));
+        return message_to_ivalue(encode_result(0, done.value(), ValuePath(fn, ": result"), hooks));
       },
       c10::AnyType::get());
 }

@@ -90,30 +90,30 @@ void validate_frame(const pg::FrameHeader& header, size_t body_size) {
   unsigned __int128 total = 0;
   for (int i = 0; i < header.tensors_size(); ++i) {
     const pg::TensorMeta& meta = header.tensors(i);
-    const std::string which = "frame tensor " + std::to_string(i) + ": ";
+    auto which = [i] { return "frame tensor " + std::to_string(i) + ": "; };
     if (!is_wire_dtype(meta.dtype())) {
-      throw Error(ErrorKind::kProtocol, which + "unknown dtype " + std::to_string(meta.dtype()));
+      throw Error(ErrorKind::kProtocol, which() + "unknown dtype " + std::to_string(meta.dtype()));
     }
     if (meta.sizes_size() > kMaxDims) {
-      throw Error(ErrorKind::kProtocol, which + "more than " + std::to_string(kMaxDims) + " dims");
+      throw Error(ErrorKind::kProtocol, which() + "more than " + std::to_string(kMaxDims) + " dims");
     }
     unsigned __int128 bytes = c10::elementSize(static_cast<c10::ScalarType>(meta.dtype()));
     // Zero dims make the byte count 0 whatever the others say, but libtorch still computes
     // strides from the others (in int64, unchecked): bound their product too.
     unsigned __int128 extent = 1;
     for (int64_t size : meta.sizes()) {
-      if (size < 0) throw Error(ErrorKind::kProtocol, which + "negative size");
+      if (size < 0) throw Error(ErrorKind::kProtocol, which() + "negative size");
       bytes *= static_cast<uint64_t>(size);
       if (bytes > std::numeric_limits<uint64_t>::max()) {
-        throw Error(ErrorKind::kProtocol, which + "size overflows");
+        throw Error(ErrorKind::kProtocol, which() + "size overflows");
       }
       extent *= static_cast<uint64_t>(std::max<int64_t>(size, 1));
       if (extent > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        throw Error(ErrorKind::kProtocol, which + "shape " + describe_meta(meta) + " has more elements than int64 counts");
+        throw Error(ErrorKind::kProtocol, which() + "shape " + describe_meta(meta) + " has more elements than int64 counts");
       }
     }
     if (bytes != meta.nbytes()) {
-      throw Error(ErrorKind::kProtocol, which + "claims " + std::to_string(meta.nbytes()) +
+      throw Error(ErrorKind::kProtocol, which() + "claims " + std::to_string(meta.nbytes()) +
                                             " bytes for shape " + describe_meta(meta));
     }
     total += bytes;

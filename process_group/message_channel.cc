@@ -31,7 +31,7 @@ WorkPtr MessageChannel::send_message(int dst_rank, const PgMessage& message) {
   header.set_kind(pg::FrameHeader::MESSAGE);
   header.set_payload(message.header);
   describe_tensors(contiguous, &header);
-  auto work = std::make_shared<Work>("message to rank " + std::to_string(dst_rank));
+  auto work = std::make_shared<Work>([dst_rank] { return "message to rank " + std::to_string(dst_rank); });
   transport_->send(dst_rank, header, contiguous, [work](std::exception_ptr error) {
     if (error) {
       work->finish_with_error(error);
@@ -62,7 +62,7 @@ void MessageChannel::set_message_listener(MessageListener listener) {
 
 void MessageChannel::on_frame(Frame frame) {
   PgMessage message;
-  message.header = frame.header.payload();
+  message.header = std::move(*frame.header.mutable_payload());
   size_t offset = 0;
   for (const auto& meta : frame.header.tensors()) {
     message.tensors.push_back(tensor_from_body(frame, meta, offset));

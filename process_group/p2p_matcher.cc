@@ -23,7 +23,8 @@ WorkPtr P2PMatcher::send(const std::vector<at::Tensor>& tensors, int dst_rank, i
     check_dense_cpu(t, "send");
     contiguous.push_back(t.contiguous());
   }
-  auto work = std::make_shared<Work>("send to rank " + std::to_string(dst_rank) + " with tag " + std::to_string(tag));
+  auto work = std::make_shared<Work>(
+      [dst_rank, tag] { return "send to rank " + std::to_string(dst_rank) + " with tag " + std::to_string(tag); });
   try {
     {
       std::lock_guard<std::mutex> lock(mu_);

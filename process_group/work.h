@@ -34,8 +34,8 @@ class Work {
     if (timeout == kNoTimeout) {
       cv_.wait(lock, [&] { return done_; });
     } else if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
-      throw Error(ErrorKind::kTimeout,
-                  "waited " + std::to_string(timeout.count()) + " ms for " + what_);
+      throw Error(ErrorKind::kTimeout, "waited " + std::to_string(timeout.count()) + " ms for " +
+                                           (describe_ ? describe_() : what_));
     }
     if (error_) std::rethrow_exception(error_);
   }
@@ -78,6 +78,8 @@ class Work {
 
   // --- for implementations -------------------------------------------------------
   explicit Work(std::string what) : what_(std::move(what)) {}
+  // For operations made on every message: the text is built only if a wait times out.
+  explicit Work(std::function<std::string()> describe) : describe_(std::move(describe)) {}
 
   void finish(std::vector<at::Tensor> result = {}, int source_rank = -1) {
     complete(nullptr, std::move(result), source_rank);
@@ -101,6 +103,7 @@ class Work {
   }
 
   const std::string what_ = "a process-group operation";
+  const std::function<std::string()> describe_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   // Guarded by mu_.

@@ -8,12 +8,12 @@ void encode_call(const std::string& fn, const std::vector<c10::IValue>& args, co
                  const ValueHooks& hooks, rpc::Call* call, std::vector<at::Tensor>* tensors) {
   call->set_function(fn);
   for (size_t i = 0; i < args.size(); ++i) {
-    encode_value(args[i], call->add_args(), tensors, fn + ": args[" + std::to_string(i) + "]", &hooks);
+    encode_value(args[i], call->add_args(), tensors, ValuePath(fn, ": args", i), &hooks);
   }
   for (const auto& [name, value] : kwargs) {
     rpc::Kwarg* kw = call->add_kwargs();
     kw->set_name(name);
-    encode_value(value, kw->mutable_value(), tensors, fn + ": kwarg " + name, &hooks);
+    encode_value(value, kw->mutable_value(), tensors, ValuePath(fn, ": kwarg ", name), &hooks);
   }
 }
 
@@ -23,7 +23,7 @@ void decode_call(const rpc::Call& call, const std::vector<at::Tensor>& tensors, 
   for (const auto& kw : call.kwargs()) kwargs->emplace_back(kw.name(), decode_value(kw.value(), tensors, &hooks));
 }
 
-Message encode_result(int32_t type, const c10::IValue& value, const std::string& what, const ValueHooks& hooks) {
+Message encode_result(int32_t type, const c10::IValue& value, const ValuePath& what, const ValueHooks& hooks) {
   Message reply{type, "", {}};
   rpc::Value encoded;
   encode_value(value, &encoded, &reply.tensors, what, &hooks);
@@ -31,9 +31,9 @@ Message encode_result(int32_t type, const c10::IValue& value, const std::string&
   return reply;
 }
 
-c10::IValue decode_result(const Message& reply, const ValueHooks& hooks, const std::string& what) {
+c10::IValue decode_result(const Message& reply, const ValueHooks& hooks, const char* what) {
   rpc::Value value;
-  if (!value.ParseFromString(reply.payload)) throw Error(ErrorKind::kProtocol, "malformed " + what);
+  if (!value.ParseFromString(reply.payload)) throw Error(ErrorKind::kProtocol, std::string("malformed ") + what);
   return decode_value(value, reply.tensors, &hooks);
 }
 

@@ -31,10 +31,10 @@ void decode_call(const rpc::Call& call, const std::vector<at::Tensor>& tensors, 
                  std::vector<c10::IValue>* args, Kwargs* kwargs);
 
 // A reply of `type` carrying `value`; `what` names it in errors ("fn: result").
-Message encode_result(int32_t type, const c10::IValue& value, const std::string& what, const ValueHooks& hooks);
+Message encode_result(int32_t type, const c10::IValue& value, const ValuePath& what, const ValueHooks& hooks);
 
 // The value of a reply made by encode_result. Throws Error(kProtocol) naming `what` ("to_here
 // reply") when its bytes are not one.
-c10::IValue decode_result(const Message& reply, const ValueHooks& hooks, const std::string& what = "reply");
+c10::IValue decode_result(const Message& reply, const ValueHooks& hooks, const char* what = "reply");
 
 }  // namespace drpc

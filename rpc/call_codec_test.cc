@@ -49,6 +49,31 @@ TEST(CallCodec, AnArgumentThatCannotTravelIsNamed) {
   }
 }
 
+// The path is built only for the error, from pieces on the encoder's stack: every level
+// of a nested argument must still be in it.
+TEST(CallCodec, ANestedArgumentIsNamedByEveryLevel) {
+  rpc::Call call;
+  std::vector<at::Tensor> tensors;
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  dict.insert("k", c10::IValue(c10::Device(c10::kCPU)));
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.push_back(c10::IValue(int64_t{0}));
+  list.push_back(c10::ivalue::Tuple::create({c10::IValue("x"), c10::IValue(dict)}));
+  try {
+    encode_call("my.fn", {int64_t{1}, c10::IValue(list)}, {}, ValueHooks{}, &call, &tensors);
+    FAIL() << "a device travelled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("my.fn: args[1][1][1][String]: a value of type Device"), std::string::npos)
+        << e.what();
+  }
+  try {
+    encode_result(0, c10::IValue(c10::Device(c10::kCPU)), ValuePath(std::string("my.fn"), ": result"), ValueHooks{});
+    FAIL() << "a device travelled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("my.fn: result: a value of type Device"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CallCodec, AResultRoundTripsAndMalformedBytesAreAProtocolErrorNamingTheReply) {
   const Message reply = encode_result(7, c10::IValue(at::ones({4})), "fn: result", ValueHooks{});
   EXPECT_EQ(reply.type, 7);

@@ -21,11 +21,9 @@ rpc::List::Elem elem_of(const c10::TypePtr& type) {
   }
 }
 
-void encode_list(const std::vector<c10::IValue>& items, rpc::List* out, std::vector<at::Tensor>* tensors,
-                 const std::string& path, const ValueHooks* hooks) {
-  for (size_t i = 0; i < items.size(); ++i) {
-    encode_value(items[i], out->add_items(), tensors, path + "[" + std::to_string(i) + "]", hooks);
-  }
+void encode_list(c10::ArrayRef<c10::IValue> items, rpc::List* out, std::vector<at::Tensor>* tensors,
+                 const ValuePath& path, const ValueHooks* hooks) {
+  for (size_t i = 0; i < items.size(); ++i) encode_value(items[i], out->add_items(), tensors, path.item(i), hooks);
 }
 
 c10::IValue decode_at(const rpc::Value& in, const std::vector<at::Tensor>& tensors, const ValueHooks* hooks,
@@ -134,8 +132,38 @@ c10::IValue decode_at(const rpc::Value& in, const std::vector<at::Tensor>& tenso
 
 }  // namespace
 
+ValuePath ValuePath::item(size_t index) const {
+  ValuePath child;
+  child.parent_ = this;
+  child.index_ = index;
+  return child;
+}
+
+ValuePath ValuePath::key() const {
+  ValuePath child;
+  child.parent_ = this;
+  child.part_ = ".key";
+  return child;
+}
+
+ValuePath ValuePath::value_at(const c10::IValue& key) const {
+  ValuePath child;
+  child.parent_ = this;
+  child.key_ = &key;
+  return child;
+}
+
+std::string ValuePath::str() const {
+  std::string text = parent_ ? parent_->str() : head_ ? *head_ : std::string();
+  text += part_;
+  if (name_) text += *name_;
+  if (key_) text += "[" + key_->tagKind() + "]";
+  if (index_ != kNoIndex) text += "[" + std::to_string(index_) + "]";
+  return text;
+}
+
 void encode_value(const c10::IValue& value, rpc::Value* out, std::vector<at::Tensor>* tensors,
-                  const std::string& path, const ValueHooks* hooks) {
+                  const ValuePath& path, const ValueHooks* hooks) {
   if (hooks && hooks->encode_custom) {
     std::string bytes;
     if (hooks->encode_custom(value, &bytes)) {
@@ -163,7 +191,7 @@ void encode_value(const c10::IValue& value, rpc::Value* out, std::vector<at::Ten
       out->set_none(true);
     } else {
       if (!t.device().is_cpu() || t.layout() != c10::kStrided || t.is_quantized()) {
-        throw Error(ErrorKind::kBadArgument, path + ": only dense CPU tensors can be sent, got " + t.toString());
+        throw Error(ErrorKind::kBadArgument, path.str() + ": only dense CPU tensors can be sent, got " + t.toString());
       }
       out->set_tensor(static_cast<int32_t>(tensors->size()));
       // Not detached: distributed autograd's interceptor records the tensors that
@@ -171,20 +199,19 @@ void encode_value(const c10::IValue& value, rpc::Value* out, std::vector<at::Ten
       tensors->push_back(t.contiguous());
     }
   } else if (value.isList()) {
-    auto list = value.toList();
     rpc::List* l = out->mutable_list();
-    l->set_elem(elem_of(list.elementType()));
-    encode_list(list.vec(), l, tensors, path, hooks);
+    l->set_elem(elem_of(value.toList().elementType()));
+    encode_list(value.toListRef(), l, tensors, path, hooks);
   } else if (value.isTuple()) {
-    encode_list(value.toTupleRef().elements().vec(), out->mutable_tuple(), tensors, path, hooks);
+    encode_list(value.toTupleRef().elements().asArrayRef(), out->mutable_tuple(), tensors, path, hooks);
   } else if (value.isGenericDict()) {
     rpc::Dict* d = out->mutable_dict();
     for (const auto& entry : value.toGenericDict()) {
-      encode_value(entry.key(), d->add_keys(), tensors, path + ".key", hooks);
-      encode_value(entry.value(), d->add_values(), tensors, path + "[" + entry.key().tagKind() + "]", hooks);
+      encode_value(entry.key(), d->add_keys(), tensors, path.key(), hooks);
+      encode_value(entry.value(), d->add_values(), tensors, path.value_at(entry.key()), hooks);
     }
   } else {
-    throw Error(ErrorKind::kBadArgument, path + ": a value of type " + value.type()->str() +
+    throw Error(ErrorKind::kBadArgument, path.str() + ": a value of type " + value.type()->str() +
                                              " cannot be sent (the wire carries data, never code or objects)");
   }
 }
