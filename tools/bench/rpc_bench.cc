@@ -35,8 +35,10 @@ DEFINE_int32(echo_iters, 5, "64 MiB echoes timed");
 DEFINE_string(mode, "rpc", "rpc | rref (remote + to_here pairs) | autograd (training steps)");
 DEFINE_int32(world_size, 2, "workers (autograd mode: 1 trainer + world_size-1 remote layers)");
 DEFINE_int32(iters, 500, "rref pairs or autograd steps timed");
+DEFINE_int32(drops, 2000, "rref mode: RRefs dropped at once after the pairs");
 
 DRPC_REGISTER_FUNCTION("bench.echo", [](at::Tensor t) { return t; });
+DRPC_REGISTER_FUNCTION("bench.rref_owners", []() { return drpc::get_metrics().rref_owners; });
 // A Linear(256, 256) layer whose weight and bias live on this worker.
 DRPC_REGISTER_FUNCTION("bench.make_linear", []() {
   auto w = (at::randn({256, 256}, at::detail::createCPUGenerator(1)) / 16).set_requires_grad(true);
@@ -100,6 +102,23 @@ void rref_pairs() {
   auto start = Clock::now();
   for (int i = 0; i < FLAGS_iters; ++i) drpc::remote("worker1", "aten::add", {a, b}).to_here();
   std::printf("rref_us=%.1f\n", seconds_since(start) / FLAGS_iters * 1e6);
+}
+
+// FLAGS_drops RRefs that worker1 owns, dropped at once: the time until worker1 has freed
+// them all (the owner's count polled with rpc_sync), per RRef. What a training loop pays
+// when it lets go of a step's remote() results.
+void rref_drops() {
+  at::Tensor a = at::ones({2}), b = at::ones({2});
+  std::vector<drpc::RRef> rrefs;
+  for (int i = 0; i < FLAGS_drops; ++i) rrefs.push_back(drpc::remote("worker1", "aten::add", {a, b}));
+  for (auto& r : rrefs) r.to_here();
+  const auto owned = [] { return drpc::rpc_sync("worker1", "bench.rref_owners").toInt(); };
+  if (owned() < FLAGS_drops) LOG(FATAL) << "worker1 does not own the RRefs made";
+  auto start = Clock::now();
+  rrefs.clear();
+  while (owned() > 0) {
+  }
+  std::printf("rref_drop_us=%.2f\n", seconds_since(start) / FLAGS_drops * 1e6);
 }
 
 // One training step: forward through remote Linear(256,256) layers (one per other
@@ -181,7 +200,10 @@ int run_worker() {
   drpc::init_rpc("worker" + std::to_string(FLAGS_rank), FLAGS_rank, FLAGS_world_size, options);
   if (FLAGS_mode != "rpc") {
     if (FLAGS_rank == 0) {
-      if (FLAGS_mode == "rref") rref_pairs();
+      if (FLAGS_mode == "rref") {
+        rref_pairs();
+        rref_drops();
+      }
       if (FLAGS_mode == "autograd") autograd_steps();
       std::fflush(stdout);
     }
@@ -244,7 +266,7 @@ int main(int argc, char** argv) {
     workers.push_back(drpc::Subprocess::start(
         {self, "--rank=" + std::to_string(r), "--store_port=" + std::to_string(server->port()),
          "--mode=" + FLAGS_mode, "--world_size=" + std::to_string(FLAGS_world_size),
-         "--iters=" + std::to_string(FLAGS_iters),
+         "--iters=" + std::to_string(FLAGS_iters), "--drops=" + std::to_string(FLAGS_drops),
          "--sync_calls=" + std::to_string(FLAGS_sync_calls), "--async_calls=" + std::to_string(FLAGS_async_calls),
          "--echo_iters=" + std::to_string(FLAGS_echo_iters)}));
   }
