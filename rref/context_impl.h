@@ -76,6 +76,9 @@ class ContextImpl final : public RRefContext, public HandleHost, public std::ena
   FuturePtr on_user_delete(const WorkerInfo& from, Message m);
   FuturePtr on_fork_request(const WorkerInfo& from, Message m);
   FuturePtr on_child_accept(const WorkerInfo& from, Message m);
+  FuturePtr on_control_batch(const WorkerInfo& from, Message m);
+  // Applies one control from `from`; throws what the single message's handler would.
+  void apply_control(const WorkerInfo& from, int32_t type, const rref::Control& control);
   void on_peer_failed(const WorkerInfo& peer, const Error& reason);
   // Throws kPeerUnavailable naming the owner when it is gone.
   void check_owner_alive(const WorkerInfo& owner, const Id& rref);

@@ -3,6 +3,11 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <string>
+
+#include "common/error_wire.h"
+#include "rref/message_types.h"
+#include "rref/proto/rref.pb.h"
 
 namespace drpc {
 namespace rref_internal {
@@ -47,43 +52,126 @@ void ControlChannel::send(const Control& control) {
 
 void ControlChannel::schedule_locked(Attempt a, std::chrono::milliseconds delay) {
   const int64_t key = ++last_key_;
+  a.due = delay.count() == 0;
   waiting_.emplace(key, a);
   std::weak_ptr<ControlChannel> weak = weak_from_this();
-  auto send = [weak, key] {
-    if (auto self = weak.lock()) self->send_waiting(key);
-  };
-  if (delay.count() == 0) {
-    sends_.post(std::move(send));
+  if (a.due) {
+    sends_.post([weak, key] {
+      if (auto self = weak.lock()) self->send_waiting(key);
+    });
   } else {
-    executor_.run_after(delay, [weak, send = std::move(send)]() mutable {
-      if (auto self = weak.lock()) self->sends_.post(std::move(send));
+    executor_.run_after(delay, [weak, key] {
+      if (auto self = weak.lock()) self->make_due(key);
     });
   }
 }
 
-void ControlChannel::send_waiting(int64_t key) {
-  Attempt a;
+void ControlChannel::make_due(int64_t key) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = waiting_.find(key);
     if (it == waiting_.end() || stopped_) return;  // withdrawn
-    a = it->second;
-    waiting_.erase(it);
+    it->second.due = true;
   }
-  rref::Control wire;
-  to_proto(a.control.rref, wire.mutable_rref());
-  to_proto(a.control.fork, wire.mutable_fork());
+  std::weak_ptr<ControlChannel> weak = weak_from_this();
+  sends_.post([weak, key] {
+    if (auto self = weak.lock()) self->send_waiting(key);
+  });
+}
+
+void ControlChannel::send_waiting(int64_t key) {
+  std::vector<Attempt> batch;
+  int peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = waiting_.find(key);
+    if (it == waiting_.end() || stopped_) return;  // withdrawn, or left in an earlier batch
+    peer = it->second.control.to;
+    if (busy_.count(peer)) return;  // leaves with the next batch, once the peer answers
+    // Everything due for this peer, in the order it was made.
+    for (it = waiting_.begin(); it != waiting_.end() && batch.size() < kMaxBatch;) {
+      if (it->second.control.to == peer && it->second.due) {
+        batch.push_back(it->second);
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    busy_.insert(peer);
+  }
+  send_batch(peer, std::move(batch));
+}
+
+void ControlChannel::send_batch(int peer, std::vector<Attempt> batch) {
+  Message request;
+  CallName what;
+  if (batch.size() == 1) {
+    rref::Control wire;
+    to_proto(batch[0].control.rref, wire.mutable_rref());
+    to_proto(batch[0].control.fork, wire.mutable_fork());
+    request = Message{batch[0].control.type, wire.SerializeAsString(), {}};
+    what = CallName("RRef control message", std::to_string(batch[0].control.type));
+  } else {
+    rref::ControlBatch wire;
+    for (const Attempt& a : batch) {
+      auto* item = wire.add_items();
+      item->set_type(a.control.type);
+      to_proto(a.control.rref, item->mutable_control()->mutable_rref());
+      to_proto(a.control.fork, item->mutable_control()->mutable_fork());
+    }
+    request = Message{kRRefControlBatch, wire.SerializeAsString(), {}};
+    what = CallName("RRef control batch", "of " + std::to_string(batch.size()));
+  }
+  auto answer = [self = shared_from_this(), peer, batch](c10::ivalue::Future& done) {
+    std::vector<std::exception_ptr> errors(batch.size(), done.hasError() ? done.exception_ptr() : nullptr);
+    if (!done.hasError() && batch.size() > 1) {
+      rref::ControlOutcomes outcomes;
+      const Message& reply = message_from_ivalue(done.constValue());
+      if (!outcomes.ParseFromString(reply.payload) || outcomes.outcomes_size() != static_cast<int>(batch.size())) {
+        const auto malformed = std::make_exception_ptr(Error(
+            ErrorKind::kProtocol, "malformed answer to a batch of " + std::to_string(batch.size()) + " RRef controls"));
+        std::fill(errors.begin(), errors.end(), malformed);
+      } else {
+        for (size_t i = 0; i < batch.size(); ++i) {
+          const auto& outcome = outcomes.outcomes(static_cast<int>(i));
+          if (outcome.error_kind() != wire::ERROR_KIND_NONE) {
+            errors[i] = std::make_exception_ptr(Error(from_wire(outcome.error_kind()), outcome.error()));
+          }
+        }
+      }
+    }
+    for (size_t i = 0; i < batch.size(); ++i) self->sent(batch[i], errors[i]);
+    self->batch_answered(peer);
+  };
   FuturePtr reply;
   try {
-    reply = agent_.send(agent_.worker(a.control.to), Message{a.control.type, wire.SerializeAsString(), {}},
-                        options_.control_timeout, "RRef control message " + std::to_string(a.control.type));
+    reply = agent_.send(agent_.worker(peer), std::move(request), options_.control_timeout, std::move(what));
   } catch (const Error&) {
-    sent(a, std::current_exception());
+    auto failed = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+    failed->setError(std::current_exception());
+    answer(*failed);
     return;
   }
-  auto self = shared_from_this();
-  reply->addCallback([self, a](c10::ivalue::Future& done) {
-    self->sent(a, done.hasError() ? done.exception_ptr() : nullptr);
+  reply->addCallback(std::move(answer));
+}
+
+void ControlChannel::batch_answered(int peer) {
+  int64_t next = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_.erase(peer);
+    if (stopped_) return;
+    for (const auto& [key, a] : waiting_) {
+      if (a.control.to == peer && a.due) {
+        next = key;
+        break;
+      }
+    }
+  }
+  if (next == 0) return;
+  std::weak_ptr<ControlChannel> weak = weak_from_this();
+  sends_.post([weak, next] {
+    if (auto self = weak.lock()) self->send_waiting(next);
   });
 }
 

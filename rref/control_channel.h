@@ -5,6 +5,10 @@
 // out, sent again with exponential backoff on the executor's clock, until the peer
 // answers, the peer is gone, or the attempts run out. First attempts leave in the order
 // they were made (one strand), as the protocol sends them.
+//
+// One message is in flight per peer: what is queued for a peer meanwhile leaves as one
+// batch (kRRefControlBatch, in order, one outcome per control) when it is answered. A
+// program that lets go of many RRefs at once costs a few round trips, not one each.
 
 #include <chrono>
 #include <condition_variable>
@@ -15,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <vector>
 
 #include "common/executor.h"
 #include "rpc/rpc_agent.h"
@@ -52,10 +57,15 @@ class ControlChannel : public std::enable_shared_from_this<ControlChannel> {
   struct Attempt {
     Control control;
     int attempt = 0;
+    bool due = false;  // a retry is not until its backoff has passed
   };
+  static constexpr size_t kMaxBatch = 512;
   ControlChannel(RpcAgent& agent, Executor& executor, const RRefOptions& options, Done done);
   void schedule_locked(Attempt a, std::chrono::milliseconds delay);
+  void make_due(int64_t key);
   void send_waiting(int64_t key);
+  void send_batch(int peer, std::vector<Attempt> batch);
+  void batch_answered(int peer);
   void sent(Attempt a, std::exception_ptr error);
   void finished_locked();
 
@@ -71,6 +81,7 @@ class ControlChannel : public std::enable_shared_from_this<ControlChannel> {
   int64_t last_key_ = 0;
   int64_t in_flight_ = 0;  // controls neither answered nor given up nor withdrawn
   std::set<int> gone_;
+  std::set<int> busy_;  // peers with a message in flight
   bool stopped_ = false;
 };
 

@@ -14,6 +14,7 @@ enum RRefMessageType : int32_t {
   kRRefForkRequest = 103,
   kRRefChildAccept = 104,
   kRRefApply = 105,
+  kRRefControlBatch = 106,  // several of the above's controls to one peer (rref::ControlBatch)
 };
 
 }  // namespace drpc

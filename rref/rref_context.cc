@@ -6,6 +6,7 @@
 
 #include <glog/logging.h>
 
+#include "common/error_wire.h"
 #include "rref/context_impl.h"
 
 namespace drpc {
@@ -78,6 +79,7 @@ void ContextImpl::install() {
   agent_.register_handler(kRRefForkRequest, handler(&ContextImpl::on_fork_request), RpcAgent::always_inline());
   agent_.register_handler(kRRefChildAccept, handler(&ContextImpl::on_child_accept), RpcAgent::always_inline());
   agent_.register_handler(kRRefApply, handler(&ContextImpl::on_apply), RpcAgent::always_inline());
+  agent_.register_handler(kRRefControlBatch, handler(&ContextImpl::on_control_batch), RpcAgent::always_inline());
   agent_.add_peer_failure_listener([this](const WorkerInfo& peer, const Error& reason) {
     on_peer_failed(peer, reason);
   });
@@ -331,35 +333,61 @@ c10::IValue ContextImpl::accept(const rref::ForkData& data, int peer) {
 
 // --- the owner's control handlers --------------------------------------------------------------
 
-FuturePtr ContextImpl::on_user_delete(const WorkerInfo&, Message m) {
-  const rref::Control control = parse_control(m, "delete");
-  Outcome outcome;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    outcome = apply_locked(ledger_.user_deleted(from_proto(control.rref()), from_proto(control.fork())));
-  }
-  finish(std::move(outcome));
+FuturePtr ContextImpl::on_user_delete(const WorkerInfo& from, Message m) {
+  apply_control(from, kRRefUserDelete, parse_control(m, "delete"));
   return completed_message(Message{kRRefUserDelete, "", {}});
 }
 
 FuturePtr ContextImpl::on_fork_request(const WorkerInfo& from, Message m) {
-  const rref::Control control = parse_control(m, "fork request");
-  const Id rref = from_proto(control.rref());
-  auto owner = get_or_create_owner(rref, from);
-  std::lock_guard<std::mutex> lock(mu_);
-  add_fork_locked(owner, from_proto(control.fork()), from.id);  // idempotent
+  apply_control(from, kRRefForkRequest, parse_control(m, "fork request"));
   return completed_message(Message{kRRefForkRequest, "", {}});
 }
 
-FuturePtr ContextImpl::on_child_accept(const WorkerInfo&, Message m) {
-  const rref::Control control = parse_control(m, "child accept");
+FuturePtr ContextImpl::on_child_accept(const WorkerInfo& from, Message m) {
+  apply_control(from, kRRefChildAccept, parse_control(m, "child accept"));
+  return completed_message(Message{kRRefChildAccept, "", {}});
+}
+
+// Each control as if it had come alone, in order; one failing does not stop the others.
+FuturePtr ContextImpl::on_control_batch(const WorkerInfo& from, Message m) {
+  rref::ControlBatch batch;
+  if (!batch.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed RRef control batch");
+  rref::ControlOutcomes outcomes;
+  for (const auto& item : batch.items()) {
+    auto* outcome = outcomes.add_outcomes();
+    try {
+      apply_control(from, item.type(), item.control());
+    } catch (const Error& e) {
+      outcome->set_error_kind(to_wire(e.kind()));
+      outcome->set_error(e.message());
+    }
+  }
+  return completed_message(Message{kRRefControlBatch, outcomes.SerializeAsString(), {}});
+}
+
+void ContextImpl::apply_control(const WorkerInfo& from, int32_t type, const rref::Control& control) {
   Outcome outcome;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    outcome = apply_locked(ledger_.child_accepted(from_proto(control.fork())));
+  switch (type) {
+    case kRRefUserDelete: {
+      std::lock_guard<std::mutex> lock(mu_);
+      outcome = apply_locked(ledger_.user_deleted(from_proto(control.rref()), from_proto(control.fork())));
+      break;
+    }
+    case kRRefForkRequest: {
+      auto owner = get_or_create_owner(from_proto(control.rref()), from);
+      std::lock_guard<std::mutex> lock(mu_);
+      add_fork_locked(owner, from_proto(control.fork()), from.id);  // idempotent
+      return;
+    }
+    case kRRefChildAccept: {
+      std::lock_guard<std::mutex> lock(mu_);
+      outcome = apply_locked(ledger_.child_accepted(from_proto(control.fork())));
+      break;
+    }
+    default:
+      throw Error(ErrorKind::kProtocol, "RRef control of unknown type " + std::to_string(type));
   }
   finish(std::move(outcome));
-  return completed_message(Message{kRRefChildAccept, "", {}});
 }
 
 // --- a worker is gone ------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 // The RRef protocol's control channel on two real agents over in-memory process groups,
 // with time on a manual executor: a lost delete is retried with exponential backoff, a
 // retry never goes to a peer that is gone, retries end after control_attempts and at
-// shutdown. Deterministic: no retry can fire before the test moves the clock.
+// shutdown; controls queued together leave as one batch, applied item by item. Deterministic: no retry can fire before the test moves the clock.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -10,10 +10,14 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "common/manual_executor.h"
 #include "rpc/faulty_agent.h"
 #include "rpc/in_memory_agents.h"
+#include "rref/message_types.h"
+#include "rref/proto/rref.pb.h"
 #include "rref/rref_context.h"
 
 namespace drpc {
@@ -45,6 +49,7 @@ class RRefControlTest : public ::testing::Test {
     agents_[0].add_interceptor(RpcAgent::Interceptor{
         [this](const WorkerInfo&, Message& m) {
           if (m.type == kRRefUserDelete) ++deletes_sent_;
+          if (m.type == kRRefControlBatch) ++batches_sent_;
         },
         nullptr});
     agents_[0].add_peer_failure_listener([this](const WorkerInfo& peer, const Error&) {
@@ -71,6 +76,7 @@ class RRefControlTest : public ::testing::Test {
   InMemoryAgents agents_{2};
   std::shared_ptr<RRefContext> contexts_[2];
   std::atomic<int> deletes_sent_{0};
+  std::atomic<int> batches_sent_{0};
   std::atomic<bool> worker1_told_{false};
   std::promise<void> worker1_lost_;  // worker0's agent told its listeners that worker1 is gone
 };
@@ -124,6 +130,52 @@ TEST_F(RRefControlTest, ShutdownStopsRetrying) {
   executors_[0].advance(seconds(60));
   EXPECT_EQ(deletes_sent_.load(), 0);
   EXPECT_EQ(contexts_[1]->counts().owners, 1);
+}
+
+TEST_F(RRefControlTest, DeletesQueuedTogetherLeaveAsOneBatch) {
+  start(/*lost_deletes=*/0);
+  {
+    std::vector<RRef> rrefs;
+    for (int i = 0; i < 5; ++i) {
+      rrefs.push_back(contexts_[0]->remote(agents_[0].worker(1), "double", {at::ones({2})}, {}, milliseconds(10000)));
+      rrefs.back().to_here();
+      contexts_[0]->confirmations({rrefs.back().to_ivalue()})->wait();
+    }
+    EXPECT_EQ(contexts_[1]->counts().owners, 5);
+  }  // five deletes queued; none has left (the strand runs on the manual executor)
+  executors_[0].run_pending();
+  contexts_[0]->release_all(seconds(10));
+  EXPECT_EQ(batches_sent_.load(), 1);
+  EXPECT_EQ(deletes_sent_.load(), 0);
+  EXPECT_EQ(contexts_[1]->counts().owners, 0);
+}
+
+// An item the owner cannot apply gets its own error; the items after it are still applied.
+TEST_F(RRefControlTest, ABatchHasAnOutcomePerItem) {
+  start(/*lost_deletes=*/0);
+  rref::ControlBatch batch;
+  batch.add_items()->set_type(999);
+  auto* accept = batch.add_items();
+  accept->set_type(kRRefChildAccept);  // of a fork nobody made: nothing to do, no error
+  accept->mutable_control()->mutable_fork()->set_worker(0);
+  accept->mutable_control()->mutable_fork()->set_local(12345);
+  auto reply = agents_[0].send(agents_[0].worker(1), Message{kRRefControlBatch, batch.SerializeAsString(), {}},
+                               seconds(10), "test batch");
+  reply->wait();
+  ASSERT_FALSE(reply->hasError()) << reply->tryRetrieveErrorMessage();
+  rref::ControlOutcomes outcomes;
+  ASSERT_TRUE(outcomes.ParseFromString(message_from_ivalue(reply->value()).payload));
+  ASSERT_EQ(outcomes.outcomes_size(), 2);
+  EXPECT_EQ(outcomes.outcomes(0).error_kind(), wire::PROTOCOL);
+  EXPECT_NE(outcomes.outcomes(0).error().find("unknown type 999"), std::string::npos) << outcomes.outcomes(0).error();
+  EXPECT_EQ(outcomes.outcomes(1).error_kind(), wire::ERROR_KIND_NONE) << outcomes.outcomes(1).error();
+
+  auto malformed = agents_[0].send(agents_[0].worker(1), Message{kRRefControlBatch, std::string("\xff\xff", 2), {}},
+                                   seconds(10), "test batch");
+  malformed->wait();
+  ASSERT_TRUE(malformed->hasError());
+  EXPECT_NE(malformed->tryRetrieveErrorMessage().find("malformed RRef control batch"), std::string::npos)
+      << malformed->tryRetrieveErrorMessage();
 }
 
 }  // namespace
