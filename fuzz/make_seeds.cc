@@ -25,6 +25,7 @@
 #include "process_group/transport.h"
 #include "process_group/ucx_link_message.h"
 #include "rpc/value_codec.h"
+#include "rref/proto/rref.pb.h"
 #include "rref/rref_context.h"
 
 namespace drpc {
@@ -70,7 +71,7 @@ void write(const fs::path& dir, const std::string& name, const std::string& byte
 std::string type_name(int32_t type) {
   static const std::map<int32_t, std::string> names = {
       {kRRefRemoteCall, "remote_call"}, {kRRefFetch, "fetch"},         {kRRefUserDelete, "user_delete"},
-      {kRRefForkRequest, "fork_request"}, {kRRefChildAccept, "child_accept"}, {kRRefApply, "apply"},
+      {kRRefForkRequest, "fork_request"}, {kRRefChildAccept, "child_accept"}, {kRRefApply, "apply"}, {kRRefControlBatch, "control_batch"},
       {kAutogradBackward, "backward"},  {kAutogradRelease, "release"}};
   auto it = names.find(type);
   return it == names.end() ? "type" + std::to_string(type) : it->second;
@@ -193,7 +194,7 @@ void value_seeds(const fs::path& dir) {
 void message_seeds(const fs::path& rref_dir, const fs::path& autograd_dir, const std::vector<Message>& traffic) {
   std::map<std::string, int> count;
   for (const auto& m : traffic) {
-    const bool rref = m.type >= kRRefRemoteCall && m.type <= kRRefApply;
+    const bool rref = m.type >= kRRefRemoteCall && m.type <= kRRefControlBatch;
     const bool in_context = m.extensions.count(kAutogradExtension) > 0;
     const bool autograd = m.type == kAutogradBackward || m.type == kAutogradRelease || in_context;
     std::string name = type_name(m.type) + (in_context ? "_in_context" : "");
@@ -201,6 +202,16 @@ void message_seeds(const fs::path& rref_dir, const fs::path& autograd_dir, const
     if (rref) write(rref_dir, name, wire_message(m));
     if (autograd) write(autograd_dir, name, wire_message(m));
   }
+  // The controls seen, as one batch (what a peer sends when several are queued for us).
+  rref::ControlBatch batch;
+  for (const auto& m : traffic) {
+    if (m.type != kRRefUserDelete && m.type != kRRefForkRequest && m.type != kRRefChildAccept) continue;
+    auto* item = batch.add_items();
+    item->set_type(m.type);
+    if (!item->mutable_control()->ParseFromString(m.payload)) throw std::logic_error("a recorded control is malformed");
+  }
+  if (batch.items_size() < 2) throw std::logic_error("the recorded traffic holds fewer than 2 RRef controls");
+  write(rref_dir, "control_batch_0", wire_message(Message{kRRefControlBatch, batch.SerializeAsString(), {}}));
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The RRef protocol's handlers (rref/rref_context.cc: remote call, fetch, user delete,
-// fork request, child accept, apply) on hostile messages from a peer, in a real job (see
+// fork request, child accept, apply, control batch) on hostile messages from a peer, in a real job (see
 // world.h): whatever arrives gets a reply or an error, never a crash or a hang.
 
 #include <cstdint>
@@ -13,7 +13,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   drpc::fuzz::run_message_input(data, size, [](const drpc::rpc::Envelope& e) {
-    return e.type() >= drpc::kRRefRemoteCall && e.type() <= drpc::kRRefApply;
+    return e.type() >= drpc::kRRefRemoteCall && e.type() <= drpc::kRRefControlBatch;
   });
   return 0;
 }
