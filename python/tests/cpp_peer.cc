@@ -18,6 +18,11 @@ DRPC_REGISTER_FUNCTION("cpp.call", [](std::string to, std::string fn, at::Tensor
 });
 DRPC_REGISTER_FUNCTION("cpp.double", [](at::Tensor x) { return x * 2; });
 DRPC_REGISTER_FUNCTION("cpp.name", []() { return drpc::get_worker_info().name; });
+// RRefs both ways: fetch one (a Python worker's, say) from here, and hand out one owned here.
+DRPC_REGISTER_FUNCTION("cpp.fetch_twice", [](c10::IValue rref) {
+  return drpc::RRef::from_ivalue(rref).to_here().toTensor() * 2;
+});
+DRPC_REGISTER_FUNCTION("cpp.keep", [](at::Tensor x) { return drpc::RRef::make_local(x * 3).to_ivalue(); });
 // The module object itself, for remote(): its methods then run here by name.
 DRPC_REGISTER_FUNCTION("cpp.load_module", [](std::string path) { return c10::IValue(torch::jit::load(path)._ivalue()); });
 

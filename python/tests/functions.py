@@ -115,3 +115,40 @@ class Linear:
 
 def linear_reference(weight, bias, x):
     return torch.tanh(x @ weight + bias)
+
+
+@drpc.function("test.fetch")
+def fetch(rref):
+    return rref.to_here()
+
+
+@drpc.async_function("test.async_scale")
+def async_scale(to, x, s):
+    """Scales on `to`, then adds 1 when that answers: the caller waits, no handler does."""
+    return drpc.rpc_async(to, scale, args=(x, s)).then(lambda f: f.value() + 1)
+
+
+@drpc.async_function("test.not_a_future")
+def not_a_future():
+    return 1
+
+
+# TorchScript, served by Python workers under a name: a function and a module instance.
+@torch.jit.script
+def script_mul(x, s: float):
+    return x * s
+
+
+drpc.function("test.script_mul")(script_mul)
+
+
+class Affine(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("shift", torch.full((1,), 0.5))
+
+    def forward(self, x):
+        return x * 2 + self.shift
+
+
+scripted_affine = drpc.function("test.scripted_affine")(torch.jit.script(Affine()))

@@ -79,6 +79,23 @@ class PythonCallsCpp(unittest.TestCase):
         self.assertTrue(torch.equal(rref.to_here(), torch.ones(2, 2)))
         self.assertTrue(torch.equal(drpc.rpc_sync("cpp", "aten::neg", args=(rref.to_here(),)), -torch.ones(2, 2)))
 
+    def test_rrefs_cross_both_ways(self):
+        x = torch.arange(3.0)
+        # Python-owned RRefs used by C++: this process's own, and the Python worker `py`'s.
+        mine = drpc.RRef(x)
+        self.assertTrue(torch.equal(drpc.rpc_sync("cpp", "cpp.fetch_twice", args=(mine,)), x * 2))
+        on_py = drpc.remote("py", functions.scale, args=(x, 5.0))
+        self.assertEqual(on_py.owner_name(), "py")
+        self.assertTrue(torch.equal(drpc.rpc_sync("cpp", "cpp.fetch_twice", args=(on_py,)), x * 10))
+        # A C++-owned RRef made in a C++ handler, used here and handed back to C++.
+        kept = drpc.rpc_sync("cpp", "cpp.keep", args=(x,))
+        self.assertIsInstance(kept, drpc.RRef)
+        self.assertEqual(kept.owner_name(), "cpp")
+        self.assertTrue(torch.equal(kept.to_here(), x * 3))
+        self.assertTrue(torch.equal(drpc.rpc_sync("cpp", "cpp.fetch_twice", args=(kept,)), x * 6))
+        # and to the Python worker, which fetches it from C++.
+        self.assertTrue(torch.equal(drpc.rpc_sync("py", functions.fetch, args=(kept,)), x * 3))
+
 
 class CppCallsPython(unittest.TestCase):
     def test_a_cpp_handler_calls_a_python_function_by_name(self):

@@ -99,6 +99,24 @@ class Calls(unittest.TestCase):
             self.assertEqual(got_kwargs, {"n": {1: False}})
             self.assertTrue(torch.equal(got_args[9].to_here(), torch.ones(2) * 3))
 
+    def test_async_functions_answer_when_their_future_does(self):
+        x = torch.arange(3.0)
+        self.assertTrue(torch.equal(drpc.rpc_sync("worker1", functions.async_scale, args=("worker2", x, 2.0)), x * 2 + 1))
+        self.assertTrue(torch.equal(drpc.rpc_async("worker1", "test.async_scale", args=("worker0", x, 3.0)).wait(),
+                                    x * 3 + 1))
+        with self.assertRaises(drpc.RemoteError) as caught:
+            drpc.rpc_sync("worker2", functions.not_a_future)
+        self.assertEqual(caught.exception.remote_type, "TypeError")
+        self.assertIn("not a torch.futures.Future", caught.exception.remote_message)
+
+    def test_torchscript_functions_and_modules_by_name(self):
+        x = torch.arange(3.0)
+        self.assertTrue(torch.equal(drpc.rpc_sync("worker1", functions.script_mul, args=(x, 4.0)), x * 4))
+        self.assertTrue(torch.equal(drpc.rpc_async("worker2", functions.scripted_affine, args=(x,)).wait(), x * 2 + 0.5))
+        self.assertTrue(torch.equal(drpc.remote("worker1", "test.script_mul", args=(x, 2.0)).to_here(), x * 2))
+        with self.assertRaises(TypeError):  # an unregistered script travels no more than other code
+            drpc.rpc_sync("worker1", torch.jit.script(functions.Affine()), args=(x,))
+
     def test_a_then_callback_may_make_rpcs(self):
         x = torch.ones(2)
         f = drpc.rpc_async("worker1", functions.scale, args=(x, 2.0))

@@ -10,6 +10,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import drpc  # noqa: E402
+import examples  # noqa: E402,F401  (registers the ported examples' classes)
 import functions  # noqa: E402,F401  (registers the test functions)
 
 

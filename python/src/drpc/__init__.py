@@ -35,7 +35,7 @@ Future = torch.futures.Future
 
 __all__ = [
     "init_rpc", "BackendType", "shutdown", "rpc_sync", "rpc_async", "remote", "RRef", "WorkerInfo", "get_worker_info",
-    "function", "RpcBackendOptions", "TensorPipeRpcBackendOptions", "wait_all", "dist_autograd", "optim",
+    "function", "async_function", "RpcBackendOptions", "TensorPipeRpcBackendOptions", "wait_all", "dist_autograd", "optim",
     "Error", "TimeoutError", "PeerUnavailableError", "RemoteError", "BadArgumentError", "MismatchError",
     "ShutdownError", "ProtocolError", "UnauthenticatedError", "InternalError",
 ]
@@ -198,10 +198,45 @@ def function(name):
 
     def register(fn):
         _drpc.register_function(name, fn)
-        fn._drpc_name = name
+        _remember_name(fn, name)
         return fn
 
     return register
+
+
+def async_function(name):
+    """As function(), for a function that returns a torch.futures.Future (torch's
+    @rpc.functions.async_execution): its caller is answered when that future completes,
+    and no handler thread waits meanwhile. Returning anything else fails the call with a
+    TypeError the caller sees as a RemoteError."""
+    if callable(name):
+        fn = name
+        return async_function(f"{fn.__module__}.{fn.__qualname__}")(fn)
+
+    def register(fn):
+        def answered_later(*args, **kwargs):
+            result = fn(*args, **kwargs)
+            if not isinstance(result, torch._C.Future):
+                raise TypeError(f"{name} is an @drpc.async_function but returned {type(result).__name__}, "
+                                "not a torch.futures.Future")
+            return result
+
+        function(name)(answered_later)
+        _remember_name(fn, name)
+        return fn
+
+    return register
+
+
+# Names of registered objects that take no attributes (TorchScript functions and modules).
+_registered_names = {}
+
+
+def _remember_name(fn, name):
+    try:
+        fn._drpc_name = name
+    except (AttributeError, TypeError, RuntimeError):
+        _registered_names[id(fn)] = (fn, name)  # kept alive: registered for good anyway
 
 
 # Builtins' names by function: looking one up on every call (a failed getattr of
@@ -219,6 +254,9 @@ def _name_of(func):
     name = getattr(func, "_drpc_name", None)
     if name is not None:
         return name
+    registered = _registered_names.get(id(func))
+    if registered is not None and registered[0] is func:
+        return registered[1]
     from torch.jit._builtins import _find_builtin
     builtin = _find_builtin(func)
     if builtin is not None:
