@@ -105,13 +105,21 @@ def accuracy(seed):
 
 # --- the model-parallel RNN ------------------------------------------------------------------
 
+def _init_uniform(weight, seed):
+    """The tutorial's uniform(-0.1, 0.1), drawn from the module's own generator: `remote()`
+    builds the embedding table and the decoder on the server's handler threads, possibly at the
+    same time, so seeding torch's global generator would let one constructor draw from the
+    other's seed."""
+    with torch.no_grad():
+        weight.uniform_(-0.1, 0.1, generator=torch.Generator().manual_seed(seed))
+
+
 @drpc.function("examples.EmbeddingTable")
 class EmbeddingTable(torch.nn.Module):
     def __init__(self, ntoken, ninp):
         super().__init__()
-        torch.manual_seed(1)
         self.encoder = torch.nn.Embedding(ntoken, ninp)
-        torch.nn.init.uniform_(self.encoder.weight, -0.1, 0.1)
+        _init_uniform(self.encoder.weight, seed=1)
 
     def forward(self, input):
         return self.encoder(input)
@@ -124,9 +132,8 @@ class EmbeddingTable(torch.nn.Module):
 class Decoder(torch.nn.Module):
     def __init__(self, ntoken, nhid):
         super().__init__()
-        torch.manual_seed(2)
         self.decoder = torch.nn.Linear(nhid, ntoken)
-        torch.nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
+        _init_uniform(self.decoder.weight, seed=2)
         torch.nn.init.zeros_(self.decoder.bias)
 
     def forward(self, output):
