@@ -86,8 +86,9 @@ void complete_later(const FuturePtr& future, py::object target) {
         try {
           value = c10::IValue(c10::intrusive_ptr<c10::ivalue::PyObjectHolder>(
               c10::make_intrusive<PyObjectValue>(to_python(done.constValue()))));
-        } catch (py::error_already_set& e) {
-          python_side->setError(std::make_exception_ptr(Error(ErrorKind::kBadArgument, e.what())));
+        } catch (const std::exception& e) {  // a Python error, or a value to_python has no form for
+          python_side->setError(std::make_exception_ptr(
+              Error(ErrorKind::kBadArgument, std::string("the call's result cannot be made into Python: ") + e.what())));
           return;
         }
         python_side->markCompleted(std::move(value));

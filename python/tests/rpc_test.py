@@ -4,6 +4,7 @@ Python workers worker1 and worker2, plus `victim`, which one test kills."""
 import os
 import sys
 import time
+import threading
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -86,18 +87,33 @@ class Calls(unittest.TestCase):
         # Plain data completes the future without the GIL and torch converts it when asked;
         # RRefs are converted by drpc. Both must give what rpc_sync gives.
         owned = drpc.remote("worker2", functions.scale, args=(torch.ones(2), 3.0))
-        args = (torch.arange(2.0), 7, 2.5, True, None, "s", [1, 2], [torch.ones(1), "x"], {"k": (1, [2.0])}, owned)
-        via_future = drpc.rpc_async("worker1", functions.echo, args=args, kwargs={"n": {1: False}}).wait()
-        via_sync = drpc.rpc_sync("worker1", functions.echo, args=args, kwargs={"n": {1: False}})
-        for got in (via_future, via_sync):
-            got_args, got_kwargs = got
-            self.assertEqual([type(a) for a in got_args], [type(a) for a in args])
-            self.assertTrue(torch.equal(got_args[0], args[0]))
-            self.assertEqual(list(got_args[1:7]), list(args[1:7]))
-            self.assertEqual(got_args[8], args[8])
-            self.assertTrue(torch.equal(got_args[7][0], torch.ones(1)))
-            self.assertEqual(got_kwargs, {"n": {1: False}})
-            self.assertTrue(torch.equal(got_args[9].to_here(), torch.ones(2) * 3))
+        data = (torch.arange(2.0), 7, 2.5, True, None, "s", [1, 2], [torch.ones(1), "x"], {"k": (1, [2.0])})
+        for args in (data, data + (owned,)):  # data only (torch converts it), and with an RRef (drpc does)
+            via_future = drpc.rpc_async("worker1", functions.echo, args=args, kwargs={"n": {1: False}}).wait()
+            via_sync = drpc.rpc_sync("worker1", functions.echo, args=args, kwargs={"n": {1: False}})
+            for got in (via_future, via_sync):
+                got_args, got_kwargs = got
+                self.assertEqual([type(a) for a in got_args], [type(a) for a in args])
+                self.assertTrue(torch.equal(got_args[0], args[0]))
+                self.assertEqual(list(got_args[1:7]), list(args[1:7]))
+                self.assertEqual(got_args[8], args[8])
+                self.assertTrue(torch.equal(got_args[7][0], torch.ones(1)))
+                self.assertEqual(got_args[7][1], "x")
+                self.assertEqual(got_kwargs, {"n": {1: False}})
+            if len(args) == len(data) + 1:
+                self.assertTrue(torch.equal(got_args[9].to_here(), torch.ones(2) * 3))
+
+    def test_a_future_whose_result_has_no_python_form_fails_instead_of_hanging(self):
+        # A builtin applied to a local RRef's value never crosses the wire, so its result
+        # (here a torch.device's C++ form) reaches the future as it is.
+        owned = drpc.RRef(torch.ones(2))
+        future = torch.futures.Future()
+        done = threading.Event()
+        future.add_done_callback(lambda _: done.set())
+        owned._rpc_async("prim::device", (), {}, 5.0, future)
+        self.assertTrue(done.wait(30), "the future was never completed")
+        with self.assertRaisesRegex(drpc.BadArgumentError, "cannot be made into Python.*Device"):
+            future.wait()
 
     def test_async_functions_answer_when_their_future_does(self):
         x = torch.arange(3.0)
