@@ -89,7 +89,7 @@ void ControlChannel::send_waiting(int64_t key) {
     peer = it->second.control.to;
     if (busy_.count(peer)) return;  // leaves with the next batch, once the peer answers
     // Everything due for this peer, in the order it was made.
-    for (it = waiting_.begin(); it != waiting_.end() && batch.size() < kMaxBatch;) {
+    for (it = waiting_.begin(); it != waiting_.end() && batch.size() < static_cast<size_t>(kMaxControlBatch);) {
       if (it->second.control.to == peer && it->second.due) {
         batch.push_back(it->second);
         it = waiting_.erase(it);
@@ -123,25 +123,18 @@ void ControlChannel::send_batch(int peer, std::vector<Attempt> batch) {
     what = CallName("RRef control batch", "of " + std::to_string(batch.size()));
   }
   auto answer = [self = shared_from_this(), peer, batch](c10::ivalue::Future& done) {
+    // The peer is free for the next batch first: whatever the outcomes' callbacks do (or
+    // throw), controls queued for it meanwhile must not wait forever.
+    self->batch_answered(peer);
     std::vector<std::exception_ptr> errors(batch.size(), done.hasError() ? done.exception_ptr() : nullptr);
     if (!done.hasError() && batch.size() > 1) {
-      rref::ControlOutcomes outcomes;
-      const Message& reply = message_from_ivalue(done.constValue());
-      if (!outcomes.ParseFromString(reply.payload) || outcomes.outcomes_size() != static_cast<int>(batch.size())) {
-        const auto malformed = std::make_exception_ptr(Error(
-            ErrorKind::kProtocol, "malformed answer to a batch of " + std::to_string(batch.size()) + " RRef controls"));
-        std::fill(errors.begin(), errors.end(), malformed);
-      } else {
-        for (size_t i = 0; i < batch.size(); ++i) {
-          const auto& outcome = outcomes.outcomes(static_cast<int>(i));
-          if (outcome.error_kind() != wire::ERROR_KIND_NONE) {
-            errors[i] = std::make_exception_ptr(Error(from_wire(outcome.error_kind()), outcome.error()));
-          }
-        }
+      try {
+        self->read_outcomes(peer, batch, done.constValue(), errors);
+      } catch (const std::exception&) {  // the agent's reply was not a Message: each control failed with that
+        std::fill(errors.begin(), errors.end(), std::current_exception());
       }
     }
     for (size_t i = 0; i < batch.size(); ++i) self->sent(batch[i], errors[i]);
-    self->batch_answered(peer);
   };
   FuturePtr reply;
   try {
@@ -153,6 +146,29 @@ void ControlChannel::send_batch(int peer, std::vector<Attempt> batch) {
     return;
   }
   reply->addCallback(std::move(answer));
+}
+
+void ControlChannel::read_outcomes(int peer, const std::vector<Attempt>& batch, const c10::IValue& reply_value,
+                                   std::vector<std::exception_ptr>& errors) {
+  rref::ControlOutcomes outcomes;
+  const Message& reply = message_from_ivalue(reply_value);
+  if (!outcomes.ParseFromString(reply.payload) || outcomes.outcomes_size() != static_cast<int>(batch.size())) {
+    const auto malformed = std::make_exception_ptr(Error(
+        ErrorKind::kProtocol, "malformed answer to a batch of " + std::to_string(batch.size()) + " RRef controls"));
+    std::fill(errors.begin(), errors.end(), malformed);
+  } else {
+    const std::string owner = agent_.worker(peer).name;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const auto& outcome = outcomes.outcomes(static_cast<int>(i));
+      if (outcome.error_kind() != wire::ERROR_KIND_NONE) {
+        // Worded as a control sent alone fails (the agent's "rpc <what> on <peer> failed").
+        errors[i] = std::make_exception_ptr(
+            Error(from_wire(outcome.error_kind()), "rpc RRef control message " +
+                                                       std::to_string(batch[i].control.type) + " on " + owner +
+                                                       " failed: " + outcome.error()));
+      }
+    }
+  }
 }
 
 void ControlChannel::batch_answered(int peer) {

@@ -59,11 +59,14 @@ class ControlChannel : public std::enable_shared_from_this<ControlChannel> {
     int attempt = 0;
     bool due = false;  // a retry is not until its backoff has passed
   };
-  static constexpr size_t kMaxBatch = 512;
   ControlChannel(RpcAgent& agent, Executor& executor, const RRefOptions& options, Done done);
   void schedule_locked(Attempt a, std::chrono::milliseconds delay);
   void make_due(int64_t key);
   void send_waiting(int64_t key);
+  // Sets errors[i] for each control of `batch` the owner's answer (`reply_value`) says failed.
+  // Throws if the answer is not a Message.
+  void read_outcomes(int peer, const std::vector<Attempt>& batch, const c10::IValue& reply_value,
+                     std::vector<std::exception_ptr>& errors);
   void send_batch(int peer, std::vector<Attempt> batch);
   void batch_answered(int peer);
   void sent(Attempt a, std::exception_ptr error);

@@ -17,4 +17,8 @@ enum RRefMessageType : int32_t {
   kRRefControlBatch = 106,  // several of the above's controls to one peer (rref::ControlBatch)
 };
 
+// The most controls one kRRefControlBatch carries; an owner refuses a larger batch unread, so
+// a peer cannot make it apply (and answer) millions of items on its network thread.
+constexpr int kMaxControlBatch = 512;
+
 }  // namespace drpc

@@ -352,6 +352,10 @@ FuturePtr ContextImpl::on_child_accept(const WorkerInfo& from, Message m) {
 FuturePtr ContextImpl::on_control_batch(const WorkerInfo& from, Message m) {
   rref::ControlBatch batch;
   if (!batch.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed RRef control batch");
+  if (batch.items_size() > kMaxControlBatch) {
+    throw Error(ErrorKind::kProtocol, "an RRef control batch of " + std::to_string(batch.items_size()) +
+                                          " items (at most " + std::to_string(kMaxControlBatch) + ")");
+  }
   rref::ControlOutcomes outcomes;
   for (const auto& item : batch.items()) {
     auto* outcome = outcomes.add_outcomes();
@@ -360,6 +364,9 @@ FuturePtr ContextImpl::on_control_batch(const WorkerInfo& from, Message m) {
     } catch (const Error& e) {
       outcome->set_error_kind(to_wire(e.kind()));
       outcome->set_error(e.message());
+    } catch (const std::exception& e) {  // the items before it were applied: this one alone failed
+      outcome->set_error_kind(to_wire(ErrorKind::kInternal));
+      outcome->set_error(e.what());
     }
   }
   return completed_message(Message{kRRefControlBatch, outcomes.SerializeAsString(), {}});

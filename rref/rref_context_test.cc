@@ -1,7 +1,8 @@
 // The RRef protocol's control channel on two real agents over in-memory process groups,
 // with time on a manual executor: a lost delete is retried with exponential backoff, a
 // retry never goes to a peer that is gone, retries end after control_attempts and at
-// shutdown; controls queued together leave as one batch, applied item by item. Deterministic: no retry can fire before the test moves the clock.
+// shutdown; controls queued together leave as one batch, applied item by item.
+// Deterministic: no retry can fire before the test moves the clock.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -150,6 +151,45 @@ TEST_F(RRefControlTest, DeletesQueuedTogetherLeaveAsOneBatch) {
   EXPECT_EQ(contexts_[1]->counts().owners, 0);
 }
 
+// One batch in flight per peer: what is queued meanwhile waits for its answer, then leaves
+// together as the next batch.
+TEST_F(RRefControlTest, ControlsQueuedWhileABatchIsInFlightLeaveOnceItIsAnswered) {
+  std::promise<void> let_go;
+  std::shared_future<void> held = let_go.get_future().share();
+  std::atomic<int> batches_received{0};
+  // worker1 holds worker0's first batch until the test lets it go.
+  agents_[1].add_interceptor(RpcAgent::Interceptor{nullptr, [&](const WorkerInfo&, Message& m) {
+                                                     if (m.type == kRRefControlBatch && batches_received++ == 0) {
+                                                       held.wait();
+                                                     }
+                                                   }});
+  start(/*lost_deletes=*/0);
+  std::vector<RRef> first, second;
+  for (int i = 0; i < 6; ++i) {
+    RRef rref = contexts_[0]->remote(agents_[0].worker(1), "double", {at::ones({2})}, {}, milliseconds(10000));
+    rref.to_here();
+    contexts_[0]->confirmations({rref.to_ivalue()})->wait();
+    (i < 3 ? first : second).push_back(std::move(rref));
+  }
+  first.clear();
+  executors_[0].run_pending();  // the first three leave as one batch, and are held
+  second.clear();
+  executors_[0].run_pending();  // the peer is busy: these wait
+  EXPECT_EQ(batches_sent_.load(), 1);
+  EXPECT_EQ(deletes_sent_.load(), 0);
+
+  let_go.set_value();
+  while (batches_sent_.load() < 2) {  // the first answer hands the next batch to the executor
+    executors_[0].wait_for_work();
+    executors_[0].run_pending();
+  }
+  contexts_[0]->release_all(seconds(10));
+  EXPECT_EQ(batches_sent_.load(), 2);
+  EXPECT_EQ(deletes_sent_.load(), 0);
+  EXPECT_EQ(batches_received.load(), 2);
+  EXPECT_EQ(contexts_[1]->counts().owners, 0);
+}
+
 // An item the owner cannot apply gets its own error; the items after it are still applied.
 TEST_F(RRefControlTest, ABatchHasAnOutcomePerItem) {
   start(/*lost_deletes=*/0);
@@ -169,6 +209,16 @@ TEST_F(RRefControlTest, ABatchHasAnOutcomePerItem) {
   EXPECT_EQ(outcomes.outcomes(0).error_kind(), wire::PROTOCOL);
   EXPECT_NE(outcomes.outcomes(0).error().find("unknown type 999"), std::string::npos) << outcomes.outcomes(0).error();
   EXPECT_EQ(outcomes.outcomes(1).error_kind(), wire::ERROR_KIND_NONE) << outcomes.outcomes(1).error();
+
+  // More items than a sender ever puts in one batch: refused unread.
+  rref::ControlBatch oversized;
+  for (int i = 0; i <= kMaxControlBatch; ++i) oversized.add_items()->set_type(kRRefChildAccept);
+  auto refused = agents_[0].send(agents_[0].worker(1), Message{kRRefControlBatch, oversized.SerializeAsString(), {}},
+                                 seconds(10), "test batch");
+  refused->wait();
+  ASSERT_TRUE(refused->hasError());
+  EXPECT_NE(refused->tryRetrieveErrorMessage().find("batch of 513 items (at most 512)"), std::string::npos)
+      << refused->tryRetrieveErrorMessage();
 
   auto malformed = agents_[0].send(agents_[0].worker(1), Message{kRRefControlBatch, std::string("\xff\xff", 2), {}},
                                    seconds(10), "test batch");
