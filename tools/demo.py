@@ -35,9 +35,11 @@ class Block(torch.nn.Module):
 
     def __init__(self, seed):
         super().__init__()
-        torch.manual_seed(seed)
         self.layer = torch.nn.Linear(256, 256)
-        torch.nn.init.kaiming_normal_(self.layer.weight, nonlinearity="relu")
+        # kaiming_normal_(nonlinearity="relu"), drawn from the block's own generator: remote()
+        # builds it on a handler thread, where seeding torch's global one would race.
+        with torch.no_grad():
+            self.layer.weight.normal_(0.0, (2.0 / 256) ** 0.5, generator=torch.Generator().manual_seed(seed))
         torch.nn.init.zeros_(self.layer.bias)
 
     def forward(self, x):

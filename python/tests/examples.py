@@ -25,9 +25,16 @@ class Net(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        torch.manual_seed(0)
         self.fc1 = torch.nn.Linear(16, 32)
         self.fc2 = torch.nn.Linear(32, 4)
+        # torch's default init, from the model's own generator: this runs on a handler thread,
+        # where seeding torch's global generator would race with whatever else runs there.
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for layer in (self.fc1, self.fc2):
+                bound = layer.in_features ** -0.5
+                layer.weight.uniform_(-bound, bound, generator=g)
+                layer.bias.uniform_(-bound, bound, generator=g)
 
     def forward(self, x):
         return torch.nn.functional.log_softmax(self.fc2(torch.relu(self.fc1(x))), dim=1)

@@ -116,7 +116,9 @@ void rref_drops() {
   if (owned() < FLAGS_drops) LOG(FATAL) << "worker1 does not own the RRefs made";
   auto start = Clock::now();
   rrefs.clear();
-  while (owned() > 0) {
+  const auto give_up = start + std::chrono::seconds(60);
+  while (owned() > 0) {  // each probe is a round trip to worker1, so this does not spin
+    if (Clock::now() > give_up) LOG(FATAL) << "worker1 still owns RRefs 60 s after they were dropped";
   }
   std::printf("rref_drop_us=%.2f\n", seconds_since(start) / FLAGS_drops * 1e6);
 }
