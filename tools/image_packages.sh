@@ -10,7 +10,9 @@ libs=$(for b in "$@"; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $
 owners=$( (dpkg -S $libs; dpkg -S $(readlink -f $libs)) 2>/dev/null || true)
 owned=$(printf '%s\n' "$owners" | sed 's|^.*/||')  # by file name: ldd says /lib/..., dpkg /usr/lib/...
 for lib in $libs; do
-  printf '%s\n' "$owned" | grep -qxF -e "${lib##*/}" -e "$(basename "$(readlink -f "$lib")")" || {
+  # A here-string, not `printf | grep -q`: grep -q exits at its first match, and under
+  # pipefail the printf that then writes into the closed pipe (SIGPIPE) failed the check.
+  grep -qxF -e "${lib##*/}" -e "$(basename "$(readlink -f "$lib")")" <<<"$owned" || {
     echo "image_packages.sh: no Debian package owns $lib" >&2
     exit 1
   }

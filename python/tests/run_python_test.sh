@@ -10,8 +10,11 @@ export GLOG_minloglevel="${GLOG_minloglevel:-1}"
 # be loaded before anything else: preload it into the (uninstrumented) interpreter, whose
 # own allocations at exit are not drpc's leaks.
 module="${root}/python/drpc/_drpc.so"
+# Read whole before grep -q looks at it: grep exits at its first match, and a writer still
+# writing into the pipe would die of SIGPIPE and (pipefail) turn the match into a miss.
+dynamic=$(readelf -d "$module" 2>/dev/null || true)
 for runtime in asan tsan; do
-  if readelf -d "$module" 2>/dev/null | grep -q "lib${runtime}\.so"; then
+  if grep -q "lib${runtime}\.so" <<<"$dynamic"; then
     lib=$(ldd "$module" | awk -v r="lib${runtime}.so" 'index($1, r) == 1 { print $3 }')
     # With libstdc++, which the C interpreter does not load itself: the runtime intercepts
     # __cxa_throw only in libraries present when it starts.

@@ -12,9 +12,9 @@ out=$(GLOG_minloglevel=2 "$launch" --nproc=3 -- "$demo" --epochs=1 --limit=1280 
   --profile="$trace" --log_every=10 2>&1)
 echo "$out"
 # Not a terminal: a line per 10 steps (20 steps of 64), no progress bar redrawn with \r.
-echo "$out" | grep -q '^\[rank 0\] epoch 1 step 10/20 loss ' || { echo "no progress line for step 10"; exit 1; }
-echo "$out" | grep -q '^\[rank 0\] epoch 1 step 20/20 loss ' || { echo "no progress line for step 20"; exit 1; }
-if echo "$out" | grep -q $'\r'; then echo "a progress bar was drawn into a pipe"; exit 1; fi
+grep -q '^\[rank 0\] epoch 1 step 10/20 loss ' <<<"$out" || { echo "no progress line for step 10"; exit 1; }
+grep -q '^\[rank 0\] epoch 1 step 20/20 loss ' <<<"$out" || { echo "no progress line for step 20"; exit 1; }
+if grep -q $'\r' <<<"$out"; then echo "a progress bar was drawn into a pipe"; exit 1; fi
 accuracy=$(echo "$out" | grep -o 'test accuracy [0-9.]*' | tail -1 | awk '{print $3}')
 [ -n "$accuracy" ] || { echo "no test accuracy reported"; exit 1; }
 awk -v a="$accuracy" 'BEGIN { exit !(a > 50) }' || { echo "accuracy $accuracy% is not above 50%"; exit 1; }
