@@ -23,6 +23,7 @@ DEFINE_int32(rank, -1, "internal: this process's rank (set by the launcher)");
 DEFINE_int32(store_port, 0, "internal: the store's port");
 DEFINE_int32(large_iters, 5, "64 MiB allreduces timed");
 DEFINE_int32(small_iters, 1000, "4-byte allreduces and barriers timed");
+DEFINE_int64(chunk_bytes, drpc::GrpcProcessGroupOptions().chunk_bytes, "allreduce ring chunk size (for tuning)");
 
 namespace {
 
@@ -35,7 +36,9 @@ double seconds_since(Clock::time_point start) {
 int run_rank() {
   at::set_num_threads(1);  // as the Gloo side does: 2 cores, several processes
   auto store = drpc::connect_store("127.0.0.1", FLAGS_store_port, std::chrono::seconds(30));
-  auto group = drpc::create_grpc_process_group(*store, FLAGS_rank, FLAGS_world_size, {});
+  drpc::GrpcProcessGroupOptions options;
+  options.chunk_bytes = FLAGS_chunk_bytes;
+  auto group = drpc::create_grpc_process_group(*store, FLAGS_rank, FLAGS_world_size, options);
   const int n = group->size();
 
   at::Tensor big = at::ones({16 << 20});  // 64 MiB of float32
@@ -107,7 +110,7 @@ int main(int argc, char** argv) {
         {self, "--rank=" + std::to_string(r), "--world_size=" + std::to_string(FLAGS_world_size),
          "--store_port=" + std::to_string(store->port()),
          "--large_iters=" + std::to_string(FLAGS_large_iters),
-         "--small_iters=" + std::to_string(FLAGS_small_iters)}));
+         "--small_iters=" + std::to_string(FLAGS_small_iters), "--chunk_bytes=" + std::to_string(FLAGS_chunk_bytes)}));
   }
   int rc = 0;
   for (auto& r : ranks) {
