@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <fcntl.h>
 #include <stdexcept>
@@ -108,6 +109,17 @@ std::optional<int> Subprocess::wait(std::chrono::milliseconds timeout) {
 void Subprocess::kill(int signal) {
   if (status_) return;
   ::kill(-pid_, signal);
+}
+
+bool Subprocess::stop() {
+  if (status_) return false;
+  ::kill(-pid_, SIGSTOP);
+  // Reported once every thread has stopped; WNOWAIT leaves an exit for wait() to collect.
+  siginfo_t info{};
+  while (waitid(P_PID, static_cast<id_t>(pid_), &info, WSTOPPED | WEXITED | WNOWAIT) != 0) {
+    if (errno != EINTR) return false;
+  }
+  return info.si_code == CLD_STOPPED;
 }
 
 }  // namespace drpc

@@ -35,6 +35,11 @@ class Subprocess {
 
   // Sends `signal` to the child's whole process group.
   void kill(int signal);
+  // Sends SIGSTOP to the group and returns once the child has stopped (true), or false if it
+  // exited instead. kill(SIGSTOP) alone returns when the signal is queued: the child stops
+  // when one of its threads next runs, and on a busy machine it may serve a request first.
+  // Resume it with kill(SIGCONT).
+  bool stop();
 
  private:
   explicit Subprocess(pid_t pid) : pid_(pid) {}

@@ -289,7 +289,7 @@ TEST(ObservabilityProcesses, HealthzAndStateFollowTheJobOverHttp) {
 
   // Calls in flight carry their function, peer and age (this process's own agent: a call
   // to worker1 while it is stopped).
-  worker1->kill(SIGSTOP);
+  ASSERT_TRUE(worker1->stop());
   auto fut = me->rpc_async("worker1", "aten::neg", {x});
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const MetricsSnapshot snap = me->metrics();
