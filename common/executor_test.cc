@@ -43,7 +43,8 @@ TEST(ThreadExecutor, TimersRunInDueOrderNotInTheOrderTheyWereSet) {
 TEST(ThreadExecutor, ACancelledTimerNeverRunsAndCancelSaysWhetherItWasInTime) {
   auto executor = create_thread_executor("[test/0]");
   std::atomic<bool> cancelled_ran{false};
-  const auto id = executor->run_after(milliseconds(30), [&] { cancelled_ran = true; });
+  // Far off, so a test thread descheduled on a busy machine still cancels it in time.
+  const auto id = executor->run_after(seconds(10), [&] { cancelled_ran = true; });
   EXPECT_TRUE(executor->cancel(id));
   EXPECT_FALSE(executor->cancel(id));
   std::promise<void> ran;
@@ -62,7 +63,7 @@ TEST(ThreadExecutor, CancellingTheTimerTheThreadSleepsOnIsSafe) {
   executor->run_after(milliseconds(0), [&] { started.set_value(); });
   ASSERT_EQ(started.get_future().wait_for(seconds(10)), std::future_status::ready);
   std::atomic<bool> cancelled_ran{false};
-  const auto id = executor->run_after(milliseconds(20), [&] { cancelled_ran = true; });
+  const auto id = executor->run_after(seconds(10), [&] { cancelled_ran = true; });  // far off: cancelled in time
   EXPECT_TRUE(executor->cancel(id));
   std::promise<void> later;
   executor->run_after(milliseconds(80), [&] { later.set_value(); });

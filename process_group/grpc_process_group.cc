@@ -24,7 +24,7 @@ GroupEndpoints create_grpc_group_endpoints(Store& store, int rank, int size, con
   transport.listen_host = options.listen_host;
   transport.listen_port = options.listen_port;
   transport.advertise_host = options.advertise_host;
-  transport.connect_timeout = options.timeout;
+  transport.connect_timeout = options.connect_timeout.count() > 0 ? options.connect_timeout : options.timeout;
   transport.security = options.security;
   transport.heartbeat_interval = options.heartbeat_interval;
   transport.heartbeat_misses = options.heartbeat_misses;

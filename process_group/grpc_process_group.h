@@ -16,8 +16,9 @@ struct GrpcProcessGroupOptions {
   std::string listen_host = "127.0.0.1";  // local jobs stay on loopback
   int listen_port = 0;                    // 0: any free port
   std::string advertise_host;             // what peers dial; empty: listen_host
-  // Start-up (all peers connected) and each collective's deadline.
+  // Each collective's deadline, and start-up's (all peers connected) unless connect_timeout is set.
   std::chrono::milliseconds timeout{60000};
+  std::chrono::milliseconds connect_timeout{0};  // start-up's deadline; zero: `timeout`
   SecurityOptions security;               // token and TLS every peer must match
   // Liveness: see GrpcTransportOptions. A silent peer fails after interval * misses.
   std::chrono::milliseconds heartbeat_interval{1000};

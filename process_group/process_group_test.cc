@@ -202,6 +202,15 @@ TEST(ProcessGroupErrors, PeersThatNeverComeTimeOutAtStartUp) {
   Error e = expect_error([&] { create_grpc_process_group(*store, 0, 2, options); });
   EXPECT_EQ(e.kind(), ErrorKind::kTimeout) << e.what();
   EXPECT_LT(Clock::now() - start, milliseconds(5000));
+
+  // connect_timeout, when set, is start-up's deadline instead.
+  options.timeout = milliseconds(60000);
+  options.connect_timeout = milliseconds(300);
+  auto fresh_store = create_in_memory_store();  // rank 0 joined the first one already
+  const auto again = Clock::now();
+  e = expect_error([&] { create_grpc_process_group(*fresh_store, 0, 2, options); });
+  EXPECT_EQ(e.kind(), ErrorKind::kTimeout) << e.what();
+  EXPECT_LT(Clock::now() - again, milliseconds(5000));
 }
 
 // Ranks 0..n-1 run `fn`; each must throw an Error of `kind` whose message has `part`.
@@ -259,6 +268,7 @@ TEST(ProcessGroupErrors, DtypeAndOperationMismatches) {
 TEST(ProcessGroupErrors, CollectiveTimesOutAndTheLateRankLearnsWhy) {
   GrpcProcessGroupOptions options;
   options.timeout = milliseconds(300);
+  options.connect_timeout = milliseconds(30000);  // the ranks' start-up is not what times out here
   ThreadGroup group = testing::make_thread_group(2, options);
   at::Tensor t = at::ones({4});
   const auto start = Clock::now();

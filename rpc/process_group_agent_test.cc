@@ -237,14 +237,16 @@ TEST(ProcessGroupAgent, DeadlinesFireInOrderAndLateRepliesAreDropped) {
   agents[1].register_handler(kHold, held.handler());
   agents[0].start();
   agents[1].start();
-  auto slow = agents[0].send(agents[0].worker(1), Message{kHold, "", {}}, milliseconds(400), "slow");
+  // Deadlines seconds apart, so a test thread descheduled on a busy machine still checks
+  // `slow` before its deadline.
+  auto slow = agents[0].send(agents[0].worker(1), Message{kHold, "", {}}, milliseconds(3000), "slow");
   auto fast = agents[0].send(agents[0].worker(1), Message{kHold, "", {}}, milliseconds(100), "fast");
   Error e = error_of(fast);
   EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
   EXPECT_FALSE(slow->completed());  // the later deadline has not passed yet
   e = error_of(slow);
   EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
-  EXPECT_NE(std::string(e.what()).find("slow to w1 timed out after 400 ms"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("slow to w1 timed out after 3000 ms"), std::string::npos) << e.what();
   held.answer_all();  // the late replies are dropped by the caller
 }
 
@@ -259,15 +261,16 @@ TEST(ProcessGroupAgent, ALaterDeadlineFiresAfterAnEarlierCallWasAnswered) {
   agents[0].start();
   agents[1].start();
   for (int round = 0; round < 2; ++round) {
-    auto answered = agents[0].send(agents[0].worker(1), Message{kEcho, "x", {}}, milliseconds(150), "answered");
+    // Generous for an echo on a busy machine, yet earlier than `later`'s: the timer sleeps on it.
+    auto answered = agents[0].send(agents[0].worker(1), Message{kEcho, "x", {}}, milliseconds(1000), "answered");
     answered->wait();
     ASSERT_FALSE(answered->hasError());
     const auto start = std::chrono::steady_clock::now();
-    auto later = agents[0].send(agents[0].worker(1), Message{kHold, "", {}}, milliseconds(400), "later");
+    auto later = agents[0].send(agents[0].worker(1), Message{kHold, "", {}}, milliseconds(2500), "later");
     EXPECT_EQ(error_of(later).kind(), ErrorKind::kTimeout);
     const auto took = std::chrono::steady_clock::now() - start;
-    EXPECT_GE(took, milliseconds(400));
-    EXPECT_LT(took, milliseconds(3000));
+    EXPECT_GE(took, milliseconds(2500));
+    EXPECT_LT(took, milliseconds(5500));
   }
   held.answer_all();
 }

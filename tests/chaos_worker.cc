@@ -144,7 +144,7 @@ void callee_killed() {
 // The stopped scenario's heartbeat timing, stretched where a sanitizer pauses processes:
 // ThreadSanitizer symbolizes on each process's first report (suppressed ones too), which
 // with libtorch's ~300 shared libraries stalls its network threads for seconds. .bazelrc
-// sets DRPC_TEST_TIME_SCALE for --config=tsan.
+// sets DRPC_TEST_TIME_SCALE for --config=tsan and --config=asan.
 int time_scale() {
   const char* scale = std::getenv("DRPC_TEST_TIME_SCALE");
   return scale ? std::max(1, std::atoi(scale)) : 1;
@@ -171,8 +171,10 @@ void stopped() {
     shutdown(false);
     return;
   }
-  const int64_t pid = rpc_sync(name(1), "chaos.getpid").toInt();
+  // Before getpid: worker1 was heard from at its reply at the latest, so the heartbeat
+  // window runs from after `start`, however late this thread wakes.
   const auto start = Clock::now();
+  const int64_t pid = rpc_sync(name(1), "chaos.getpid").toInt();
   FuturePtr call = rpc_async(name(1), "chaos.stop", {}, {}, milliseconds(60000));
   call->wait();
   const auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - start);

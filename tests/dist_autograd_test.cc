@@ -481,14 +481,16 @@ TEST_P(DistAutogradTest, AnExceptionInARemoteBackwardFailsBackwardNamingTheWorke
 
 TEST(DistAutogradOrphans, ContextsWhoseCreatorNeverReleasesAreReclaimed) {
   Options options;
-  options.autograd_context_ttl = std::chrono::milliseconds(300);
+  // Long enough that worker1 still has the context when the call's reply is back, on a busy
+  // machine under ASan too.
+  options.autograd_context_ttl = std::chrono::seconds(2);
   Job job(2, options);
   const int64_t id = job[0].autograd().new_context();  // never released by its creator
   job[0].autograd().set_current_context(id);
   job[0].rpc_sync("worker1", "ag.affine", {leaf(30), 1.0});
   job[0].autograd().set_current_context(-1);
   EXPECT_TRUE(job[1].autograd().has_context(id));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (job[1].autograd().has_context(id) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "drpc.h"
+#include "process_group/grpc_store.h"
 #include "tests/rref_workload.h"
 
 DEFINE_int32(rank, 0, "rank");
@@ -193,7 +194,9 @@ void long_job() {
     x = at::tanh(at::matmul(x, x.t()) / 64);  // the trainer's own work
     for (int r = 1; r < FLAGS_world_size; ++r) {
       try {
-        x = rpc_sync(name(r), "aten::mul", {x, 1.0}).toTensor();
+        // Its own deadline: the short default must outlast the job in shutdown, not be hit
+        // by a call that a loaded machine slows.
+        x = rpc_sync(name(r), "aten::mul", {x, 1.0}, {}, milliseconds(30000)).toTensor();
         ++calls;
       } catch (const Error& e) {
         check(false, std::string("a call while the others wait in shutdown: ") + e.what());
@@ -302,6 +305,13 @@ int main(int argc, char** argv) {
     if (FLAGS_scenario == "long_job") {
       options.init_timeout = kShortInitTimeout;
       options.rpc_timeout = kShortRpcTimeout;
+      // The short init timeout is for the job's life, not for how far apart a loaded machine
+      // starts the processes: they meet in the test's store first.
+      auto meeting = connect_store("127.0.0.1", FLAGS_store_port, milliseconds(30000));
+      meeting->set("long_job/started/" + std::to_string(FLAGS_rank), "1");
+      std::vector<std::string> everyone;
+      for (int r = 0; r < FLAGS_world_size; ++r) everyone.push_back("long_job/started/" + std::to_string(r));
+      meeting->wait(everyone, milliseconds(60000));
     }
     init_rpc(name(FLAGS_rank), FLAGS_rank, FLAGS_world_size, options);
     if (FLAGS_scenario == "peer_killed") {

@@ -51,7 +51,7 @@ class Options(unittest.TestCase):
     def test_ranks_and_world_from_the_environment(self):
         self.assertEqual(drpc.get_worker_info().id, 0)
         self.assertEqual([w.name for w in drpc.get_worker_infos()], ["worker0", "worker1"])
-        self.assertEqual(drpc.rpc_sync(1, functions.whoami), "worker1")
+        self.assertEqual(drpc.rpc_sync(1, functions.whoami, timeout=10), "worker1")
 
     def test_rpc_timeout_is_the_default_of_every_call(self):
         self.assertEqual(drpc._get_rpc_timeout(), 0.5)
@@ -76,7 +76,7 @@ class Options(unittest.TestCase):
         out = subprocess.run([sys.executable, "-c", intruder], capture_output=True, text=True, timeout=60)
         self.assertEqual(out.returncode, 3, out.stdout + out.stderr)
         self.assertIn("wrong or missing job token", out.stdout)
-        self.assertEqual(drpc.rpc_sync("worker1", functions.whoami), "worker1")  # the job is unharmed
+        self.assertEqual(drpc.rpc_sync("worker1", functions.whoami, timeout=10), "worker1")  # the job is unharmed
 
     def test_bad_options_are_refused_before_joining(self):
         with self.assertRaisesRegex(ValueError, "tcp://HOST:PORT"):
