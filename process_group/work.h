@@ -23,7 +23,7 @@ class Work {
  public:
   static constexpr std::chrono::milliseconds kNoTimeout{0};
 
-  Work() = default;
+  Work() : Work(std::string("a process-group operation")) {}
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
 
@@ -34,8 +34,7 @@ class Work {
     if (timeout == kNoTimeout) {
       cv_.wait(lock, [&] { return done_; });
     } else if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
-      throw Error(ErrorKind::kTimeout, "waited " + std::to_string(timeout.count()) + " ms for " +
-                                           (describe_ ? describe_() : what_));
+      throw Error(ErrorKind::kTimeout, "waited " + std::to_string(timeout.count()) + " ms for " + describe_());
     }
     if (error_) std::rethrow_exception(error_);
   }
@@ -77,7 +76,7 @@ class Work {
   }
 
   // --- for implementations -------------------------------------------------------
-  explicit Work(std::string what) : what_(std::move(what)) {}
+  explicit Work(std::string what) : describe_([what = std::move(what)] { return what; }) {}
   // For operations made on every message: the text is built only if a wait times out.
   explicit Work(std::function<std::string()> describe) : describe_(std::move(describe)) {}
 
@@ -102,8 +101,7 @@ class Work {
     for (auto& callback : callbacks) callback(*this);
   }
 
-  const std::string what_ = "a process-group operation";
-  const std::function<std::string()> describe_;
+  const std::function<std::string()> describe_;  // names the operation in a timeout
   mutable std::mutex mu_;
   std::condition_variable cv_;
   // Guarded by mu_.

@@ -185,13 +185,18 @@ def _get_rpc_timeout():
 
 # --- functions by name -------------------------------------------------------------------
 
+def _qualified_name(fn):
+    """The name a function decorated without one is registered under."""
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
 def function(name):
     """Registers the decorated function (or class) under `name` in this process, so any
     worker can call it by that name. Pass the name or the function itself to rpc_sync,
     rpc_async and remote: only the name is sent. Returns the function unchanged."""
     if callable(name):  # @drpc.function without a name: its qualified name
         fn = name
-        return function(f"{fn.__module__}.{fn.__qualname__}")(fn)
+        return function(_qualified_name(fn))(fn)
     if not isinstance(name, str) or not name or "::" in name or name.startswith("torchscript:"):
         raise ValueError(f"drpc.function: {name!r} is not a valid name (builtins own 'ns::op', "
                          "TorchScript 'torchscript:')")
@@ -211,7 +216,7 @@ def async_function(name):
     TypeError the caller sees as a RemoteError."""
     if callable(name):
         fn = name
-        return async_function(f"{fn.__module__}.{fn.__qualname__}")(fn)
+        return async_function(_qualified_name(fn))(fn)
 
     def register(fn):
         def answered_later(*args, **kwargs):
