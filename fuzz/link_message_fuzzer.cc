@@ -55,6 +55,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   FUZZ_CHECK(!frames.empty(), "a frames message without frames was accepted");
+  // Where the receiver would place each body, read from the head alone: the frame and tensor
+  // the complete message puts it in.
+  std::vector<drpc::LinkBodyOwner> owners;
+  if (drpc::link_body_owners(message, &owners)) {
+    FUZZ_CHECK(owners.size() == message.bodies.size(), "a body has no owner");
+    for (size_t i = 0; i < owners.size(); ++i) {
+      bool found = false;
+      for (const auto& frame : frames) {
+        if (owners[i].tensor < 0 || owners[i].tensor >= frame.header.tensors_size()) continue;
+        size_t offset = 0;
+        for (int t = 0; t < owners[i].tensor; ++t) offset += frame.header.tensors(t).nbytes();
+        size_t skip = offset;
+        const uint8_t* start = nullptr;
+        for (const auto& span : frame.body) {
+          if (skip < span.size) {
+            start = span.data + skip;
+            break;
+          }
+          skip -= span.size;
+        }
+        found = found || (start == bodies[i].data && frame.header.seq() == owners[i].seq &&
+                          frame.header.step() == owners[i].step && frame.header.kind() == owners[i].kind);
+      }
+      FUZZ_CHECK(found, "a body's owner is not the frame that holds it");
+    }
+  }
   // The same frames from the message made whole in one piece.
   std::string whole(reinterpret_cast<const char*>(message.frames), message.frames_size);
   uint64_t cut = 0;

@@ -155,6 +155,24 @@ void link_message_seeds(const fs::path& dir) {
   const std::string head = drpc::link_message_head(std::string(16, '\x5a'), drpc::LinkMessageType::kFramesWithBodies,
                                                    {body});
   write(dir, "frames_with_body", with_secret + head.substr(drpc::kLinkSecretBytes) + whole.substr(0, body.offset));
+  // Ring chunks as a collective sends them: a small frame in the head, then two frames whose
+  // tensors are bodies (what a receiver places by their seq and step).
+  pg::FrameHeader chunk;
+  chunk.set_kind(pg::FrameHeader::COLLECTIVE);
+  chunk.set_seq(3);
+  const std::string small = wire_frame(chunk, {at::arange(4, at::kFloat)});
+  chunk.set_step(1);
+  const std::string first = wire_frame(chunk, {at::arange(32, at::kFloat)});
+  chunk.set_step(2);
+  const std::string second = wire_frame(chunk, {at::arange(16, at::kDouble)});
+  const drpc::LinkBody chunk1{small.size() + first.size() - 128, 128, drpc::link_body_tag(std::string(16, '\x5a'), 1)};
+  const drpc::LinkBody chunk2{small.size() + first.size() + second.size() - 128, 128,
+                              drpc::link_body_tag(std::string(16, '\x5a'), 2)};
+  const std::string chunks_head = drpc::link_message_head(std::string(16, '\x5a'),
+                                                          drpc::LinkMessageType::kFramesWithBodies, {chunk1, chunk2});
+  write(dir, "collective_chunks_with_bodies", with_secret + chunks_head.substr(drpc::kLinkSecretBytes) + small +
+                                                  first.substr(0, first.size() - 128) +
+                                                  second.substr(0, second.size() - 128));
 }
 
 void value_seeds(const fs::path& dir) {

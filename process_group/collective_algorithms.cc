@@ -101,6 +101,15 @@ void allreduce_ring(CollectiveCall& call, int64_t chunk_bytes, at::Tensor& work,
   };
   const int next = (rank + 1) % size;
   const int prev = (rank + size - 1) % size;
+  // The allgather's chunks may land straight where they belong, from now on: each is the
+  // fully reduced segment, which exists only after this rank's every read and write of that
+  // segment in the reduce-scatter has reached its neighbours (see place()'s contract).
+  uint32_t nth = 0;
+  for (int step = 0; step < size - 1; ++step) nth += static_cast<uint32_t>(chunks_of(segment(rank - step - 1)));
+  for (int step = 0; step < size - 1; ++step) {
+    const at::Tensor in_seg = segment(rank - step);
+    for (int64_t c = 0; c < chunks_of(in_seg); ++c) call.place(prev, nth++, chunk(in_seg, c));
+  }
   at::Tensor scratch;
   for (int phase = 0; phase < 2; ++phase) {
     // The allgather overwrites segments that the reduce-scatter sent.
@@ -124,7 +133,7 @@ void allreduce_ring(CollectiveCall& call, int64_t chunk_bytes, at::Tensor& work,
           if (phase == 0) {
             reduce_into(dst, view_body(frame, dst, scratch), op);
           } else {
-            frame.copy_body(0, dst.data_ptr(), dst.nbytes());
+            frame.copy_body(0, dst.data_ptr(), dst.nbytes());  // nothing to copy if it was placed
           }
         }
       }
@@ -147,6 +156,7 @@ WorkPtr run_broadcast(CollectiveRunner& runner, at::Tensor tensor, int root) {
       // never learn that a receiver disagreed on shape or dtype.
       for (int peer : call.peers_from(call.rank() + 1)) call.recv(peer);
     } else {
+      if (work.nbytes() > 0) call.place(root, 0, work);
       Frame frame = call.recv(root);
       frame.copy_body(0, work.data_ptr(), work.nbytes());
       if (!work.is_same(tensor)) tensor.copy_(work);
@@ -185,10 +195,13 @@ WorkPtr run_allgather(CollectiveRunner& runner, const at::Tensor& input) {
     at::Tensor work = input.contiguous();
     std::vector<at::Tensor> out(call.size());
     out[call.rank()] = work.clone();
+    for (int peer : call.peers_from(call.rank() + 1)) {
+      out[peer] = at::empty(work.sizes(), work.options());
+      if (work.nbytes() > 0) call.place(peer, 0, out[peer]);
+    }
     for (int peer : call.peers_from(call.rank() + 1)) call.send(peer, work);
     for (int peer : call.peers_from(call.rank() + 1)) {
       Frame frame = call.recv(peer);
-      out[peer] = at::empty(work.sizes(), work.options());
       frame.copy_body(0, out[peer].data_ptr(), out[peer].nbytes());
     }
     return out;

@@ -61,7 +61,7 @@ bool Descriptor::matches(const pg::FrameHeader& h) const {
 
 CollectiveCall::CollectiveCall(CollectiveRunner& runner, uint64_t seq, const Descriptor& desc,
                                std::chrono::steady_clock::time_point deadline)
-    : runner_(runner), seq_(seq), desc_(desc), deadline_(deadline) {}
+    : runner_(runner), seq_(seq), desc_(desc), deadline_(deadline), sent_to_(runner.size_, 0) {}
 
 int CollectiveCall::rank() const { return runner_.rank_; }
 int CollectiveCall::size() const { return runner_.size_; }
@@ -81,6 +81,7 @@ void CollectiveCall::send(int dst, const at::Tensor& chunk) {
   pg::FrameHeader header;
   header.set_kind(pg::FrameHeader::COLLECTIVE);
   header.set_seq(seq_);
+  header.set_step(sent_to_.at(dst)++);  // what the receiver's place() counts
   desc_.write(&header);
   std::vector<at::Tensor> tensors;
   if (chunk.defined()) tensors.push_back(chunk);
@@ -102,6 +103,11 @@ void CollectiveCall::send(int dst, const at::Tensor& chunk) {
     on_sent(nullptr);
     throw Error(e.kind(), what() + ": " + e.message());
   }
+}
+
+void CollectiveCall::place(int src, uint32_t nth, const at::Tensor& dst) {
+  placed_ = true;
+  runner_.transport_->place_collective_frame(src, seq_, nth, dst);
 }
 
 void CollectiveCall::flush() {
@@ -202,6 +208,7 @@ void CollectiveRunner::loop() {
       abort_collective(task.seq, error);
       task.work->finish_with_error(std::make_exception_ptr(error));
     }
+    if (call.placed_) transport_->release_placements(task.seq);
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = inbox_.begin(); it != inbox_.end();) {
       it = it->first.second <= task.seq ? inbox_.erase(it) : std::next(it);

@@ -65,6 +65,12 @@ class CollectiveCall {
   // flush() returns, so the caller must not change them before. Throws what the
   // transport throws, naming the call.
   void send(int dst, const at::Tensor& chunk);
+  // Asks that the `nth` frame (from 0) this call receives from `src`, which must carry one
+  // tensor of dst's bytes, land straight in `dst` (contiguous) when the link can do that; its
+  // recv() then returns a frame whose body is dst's memory, and copy_body into dst copies
+  // nothing. Until that frame is received or the call ends, the link may write dst at any
+  // time: this rank must neither read nor write those bytes meanwhile. A hint; never throws.
+  void place(int src, uint32_t nth, const at::Tensor& dst);
   // Waits until every frame sent so far has been written; rethrows a failed write, or
   // kTimeout past the deadline.
   void flush();
@@ -86,6 +92,9 @@ class CollectiveCall {
   const Descriptor desc_;
   const std::chrono::steady_clock::time_point deadline_;
   std::shared_ptr<Sends> sends_ = std::make_shared<Sends>();
+  std::vector<uint32_t> sent_to_;  // frames sent to each rank: the next one's step
+  bool placed_ = false;            // place() was called: the runner releases the placements
+  friend class CollectiveRunner;
 };
 
 // Thread-safe. Lifecycle: construct, attach(transport), collectives, close(), join().

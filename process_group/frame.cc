@@ -53,7 +53,7 @@ void Frame::copy_body(size_t offset, void* dst, size_t len) const {
       continue;
     }
     const size_t n = std::min(len, span.size - offset);
-    std::memcpy(out, span.data + offset, n);
+    if (out != span.data + offset) std::memcpy(out, span.data + offset, n);  // equal: it landed in place
     out += n;
     len -= n;
     offset = 0;

@@ -189,6 +189,11 @@ class GrpcTransport final : public Transport, private StreamSide {
     router_.send(dst, header, tensors, std::move(on_sent));
   }
 
+  void place_collective_frame(int src, uint64_t seq, uint32_t step, const at::Tensor& dst) override {
+    router_.place_collective_frame(src, seq, step, dst);
+  }
+  void release_placements(uint64_t seq) override { router_.release_placements(seq); }
+
   void shutdown() override {
     {
       std::lock_guard<std::mutex> lock(mu_);

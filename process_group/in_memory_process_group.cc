@@ -1,9 +1,12 @@
 #include "process_group/in_memory_process_group.h"
 
 #include <condition_variable>
+#include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <variant>
 
 #include "process_group/collective_process_group.h"
@@ -64,6 +67,32 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
 
   int size() const { return static_cast<int>(inboxes_.size()); }
 
+  // Transport::place_collective_frame, for `to`'s frames from `from`.
+  void place(int to, int from, uint64_t seq, uint32_t step, const at::Tensor& dst) {
+    Inbox& inbox = *inboxes_[to];
+    std::lock_guard<std::mutex> lock(inbox.mu);
+    inbox.placements[{from, seq, step}] = dst;
+  }
+  void release_placements(int to, uint64_t seq) {
+    Inbox& inbox = *inboxes_[to];
+    std::lock_guard<std::mutex> lock(inbox.mu);
+    for (auto it = inbox.placements.begin(); it != inbox.placements.end();) {
+      it = std::get<1>(it->first) <= seq ? inbox.placements.erase(it) : std::next(it);
+    }
+  }
+  // Where the frame `header` from `from` to `to` holding `nbytes` belongs, if `to` said so
+  // (undefined otherwise); the placement is used up.
+  at::Tensor take_placement(int to, int from, const pg::FrameHeader& header, size_t nbytes) {
+    if (header.kind() != pg::FrameHeader::COLLECTIVE || nbytes == 0) return at::Tensor();
+    Inbox& inbox = *inboxes_[to];
+    std::lock_guard<std::mutex> lock(inbox.mu);
+    auto it = inbox.placements.find({from, header.seq(), header.step()});
+    if (it == inbox.placements.end()) return at::Tensor();
+    at::Tensor dst = std::move(it->second);
+    inbox.placements.erase(it);
+    return dst.nbytes() == nbytes ? dst : at::Tensor();
+  }
+
  private:
   struct Inbox {
     std::mutex mu;
@@ -72,6 +101,7 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
     FrameSink* sink = nullptr;
     bool alive = false;
     std::thread thread;
+    std::map<std::tuple<int, uint64_t, uint32_t>, at::Tensor> placements;  // (from, seq, step)
   };
 
   void deliver_loop(int rank) {
@@ -116,12 +146,21 @@ class InMemoryTransport final : public Transport {
 
   void send(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
             std::function<void(std::exception_ptr)> on_sent) override {
-    // Copies, as the wire would: the sender may change its tensors once on_sent runs.
+    // Copies, as the wire would: the sender may change its tensors once on_sent runs. A
+    // placed frame's tensor is copied into its destination at once, as early as any link
+    // could write it there, so that the collectives' tests see a placement used too soon.
     auto copies = std::make_shared<std::vector<at::Tensor>>();
     Frame frame;
     frame.header = header;
+    at::Tensor placed =
+        tensors.size() == 1 ? fabric_->take_placement(dst, rank_, header, tensors[0].nbytes()) : at::Tensor();
     for (const auto& t : tensors) {
-      copies->push_back(t.clone());
+      if (placed.defined()) {
+        std::memcpy(placed.data_ptr(), t.data_ptr(), t.nbytes());
+        copies->push_back(placed);
+      } else {
+        copies->push_back(t.clone());
+      }
       if (t.nbytes() > 0)
         frame.body.push_back(ByteSpan{static_cast<const uint8_t*>(copies->back().data_ptr()), t.nbytes()});
     }
@@ -129,6 +168,11 @@ class InMemoryTransport final : public Transport {
     fabric_->post(rank_, dst, std::move(frame));
     if (on_sent) on_sent(nullptr);
   }
+
+  void place_collective_frame(int src, uint64_t seq, uint32_t step, const at::Tensor& dst) override {
+    fabric_->place(rank_, src, seq, step, dst);
+  }
+  void release_placements(uint64_t seq) override { fabric_->release_placements(rank_, seq); }
 
   void shutdown() override { fabric_->leave(rank_); }
 

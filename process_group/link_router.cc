@@ -79,6 +79,14 @@ void LinkRouter::wait_decided(std::chrono::steady_clock::time_point deadline) {
   }
 }
 
+void LinkRouter::place_collective_frame(int src, uint64_t seq, uint32_t step, const at::Tensor& dst) {
+  if (links_) links_->place_collective_frame(src, seq, step, dst);
+}
+
+void LinkRouter::release_placements(uint64_t seq) {
+  if (links_) links_->release_placements(seq);
+}
+
 void LinkRouter::fail_peer(int peer, const Error& why) {
   if (links_) links_->fail_peer(peer, why);
 }

@@ -71,6 +71,11 @@ class LinkRouter final : private UcxLinkSink {
   // Waits until every pair chose its link, or `deadline`; the silent ones stay on gRPC.
   void wait_decided(std::chrono::steady_clock::time_point deadline);
 
+  // Transport::place_collective_frame and release_placements: frames that arrive on `src`'s
+  // link can land in place; those on its stream are delivered as usual. Thread-safe.
+  void place_collective_frame(int src, uint64_t seq, uint32_t step, const at::Tensor& dst);
+  void release_placements(uint64_t seq);
+
   // `peer` is gone: link sends to it fail with `why`. Thread-safe.
   void fail_peer(int peer, const Error& why);
 

@@ -34,7 +34,8 @@ struct Frame {
   std::shared_ptr<void> keepalive;
 
   size_t body_size() const;
-  // Copies `len` bytes from byte `offset` of the body to `dst`.
+  // Copies `len` bytes from byte `offset` of the body to `dst` (nothing where the body is
+  // already there: a frame received in place).
   void copy_body(size_t offset, void* dst, size_t len) const;
 };
 
@@ -66,6 +67,17 @@ class Transport {
   // Throws kPeerUnavailable or kShutdown when the frame cannot even be queued.
   virtual void send(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
                     std::function<void(std::exception_ptr)> on_sent) = 0;
+
+  // A hint for large transfers: frame `step` of collective `seq` from `src` (a COLLECTIVE
+  // frame whose one tensor has dst's byte count) belongs in `dst` (contiguous CPU). A link that
+  // can receive it there does, and the frame then arrives with its body in dst's memory;
+  // others deliver it as usual. The transport holds a reference to `dst` until then or until
+  // release_placements(seq), and may write dst's bytes at any time before either: the caller
+  // must not read or write them meanwhile. Thread-safe; never throws.
+  virtual void place_collective_frame(int src, uint64_t seq, uint32_t step, const at::Tensor& dst) = 0;
+  // Forgets the placements of collectives up to `seq` that no frame used. A frame that was
+  // already being received into its destination still lands there. Thread-safe.
+  virtual void release_placements(uint64_t seq) = 0;
 
   // Closes every connection; the sink receives nothing afterwards. Idempotent.
   virtual void shutdown() = 0;

@@ -4,6 +4,7 @@
 
 #include <glog/logging.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 
@@ -192,16 +193,56 @@ void LinkInbound::receive(ucp_worker_h worker, ucp_tag_message_h message, const 
   }
 }
 
-void LinkInbound::post_bodies(ucp_worker_h worker, InboundMessage& in, const std::string& secret) {
+void LinkInbound::place(int peer, uint64_t seq, uint32_t step, const at::Tensor& dst) {
+  if (peer < 0 || peer >= size_ || peer == rank_) return;
+  Peer& link = *peers_[peer];
+  std::lock_guard<std::mutex> lock(link.placement_mu);
+  link.placements[{seq, step}] = dst;
+}
+
+void LinkInbound::release_placements(uint64_t seq) {
+  for (auto& peer : peers_) {
+    std::lock_guard<std::mutex> lock(peer->placement_mu);
+    auto& placements = peer->placements;
+    placements.erase(placements.begin(), placements.upper_bound({seq, UINT32_MAX}));
+  }
+}
+
+std::vector<std::shared_ptr<uint8_t>> LinkInbound::placed_buffers(const InboundMessage& in, Peer& link) {
+  std::vector<std::shared_ptr<uint8_t>> buffers(in.message.bodies.size());
+  {
+    std::lock_guard<std::mutex> lock(link.placement_mu);
+    if (link.placements.empty()) return buffers;
+  }
+  // Bodies whose frames cannot be told from the head go to the pool; decoding then fails them.
+  std::vector<LinkBodyOwner> owners;
+  if (!link_body_owners(in.message, &owners)) return buffers;
+  std::lock_guard<std::mutex> lock(link.placement_mu);
+  for (size_t i = 0; i < owners.size(); ++i) {
+    const LinkBodyOwner& owner = owners[i];
+    if (owner.kind != pg::FrameHeader::COLLECTIVE || owner.tensor != 0) continue;
+    auto it = link.placements.find({owner.seq, owner.step});
+    if (it == link.placements.end()) continue;
+    at::Tensor dst = std::move(it->second);
+    link.placements.erase(it);
+    if (dst.nbytes() != in.message.bodies[i].size || !dst.is_contiguous()) continue;  // the frame's check fails it
+    // The frame's keepalive holds the destination tensor alive, whatever its owner does.
+    buffers[i] = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(dst.data_ptr()), [dst](uint8_t*) {});
+  }
+  return buffers;
+}
+
+void LinkInbound::post_bodies(ucp_worker_h worker, InboundMessage& in, Peer& link) {
   in.parsed = true;
   if (!in.ok) return;
-  in.valid = parse_link_message(in.buffer.get(), in.size, secret, &in.message, &in.problem);
+  in.valid = parse_link_message(in.buffer.get(), in.size, link.secret, &in.message, &in.problem);
   if (!in.valid) return;
   in.bodies.resize(in.message.bodies.size());
+  std::vector<std::shared_ptr<uint8_t>> placed = placed_buffers(in, link);
   for (size_t i = 0; i < in.bodies.size(); ++i) {
     BodyReceive& body = in.bodies[i];
     body.size = in.message.bodies[i].size;
-    body.buffer = pool_->take(body.size);
+    body.buffer = placed[i] ? std::move(placed[i]) : pool_->take(body.size);
     if (body.buffer == nullptr) {
       // Its bytes stay unexpected in UCX; the peer is failed for a body no one can hold.
       in.valid = false;
@@ -234,7 +275,7 @@ void LinkInbound::post_bodies(ucp_worker_h worker, InboundMessage& in, const std
 void LinkInbound::drain(ucp_worker_h worker, int source) {
   Peer& link = *peers_[source];
   for (InboundMessage* in : link.receiving) {
-    if (in->done && !in->parsed) post_bodies(worker, *in, link.secret);
+    if (in->done && !in->parsed) post_bodies(worker, *in, link);
   }
   while (!link.receiving.empty() && link.receiving.front()->complete()) {
     std::unique_ptr<InboundMessage> in(link.receiving.front());

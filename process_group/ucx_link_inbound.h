@@ -6,13 +6,18 @@
 // place, and hands complete messages on in the order UCX matched their heads, holding a
 // peer's frames until open() (the peer's SWITCH).
 
+#include <ATen/core/Tensor.h>
 #include <ucp/api/ucp.h>
 
+#include <cstdint>
+
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "process_group/transport.h"
@@ -38,6 +43,10 @@ class LinkInbound {
   // Delivers `peer`'s held frames and those that follow. Thread-safe.
   void open(int peer);
 
+  // UcxLinks::place_collective_frame and release_placements. Thread-safe.
+  void place(int peer, uint64_t seq, uint32_t step, const at::Tensor& dst);
+  void release_placements(uint64_t seq);
+
   // Takes in the heads that arrived on `worker` and hands complete messages on. Returns
   // whether a head arrived. The progress thread only, like everything below.
   bool poll(ucp_worker_h worker);
@@ -53,10 +62,16 @@ class LinkInbound {
     std::mutex mu;
     bool open = false;                     // guarded by mu
     std::vector<std::vector<Frame>> held;  // guarded by mu
+    std::mutex placement_mu;
+    // Where collective frames' bodies go, by (seq, step); guarded by placement_mu.
+    std::map<std::pair<uint64_t, uint32_t>, at::Tensor> placements;
   };
 
   void receive(ucp_worker_h worker, ucp_tag_message_h message, const ucp_tag_recv_info_t& info);
-  void post_bodies(ucp_worker_h worker, InboundMessage& message, const std::string& secret);
+  void post_bodies(ucp_worker_h worker, InboundMessage& message, Peer& link);
+  // The buffers `message`'s bodies land in: their placements where the frames were placed,
+  // null for the others.
+  std::vector<std::shared_ptr<uint8_t>> placed_buffers(const InboundMessage& message, Peer& link);
   void drain(ucp_worker_h worker, int source);
   void hand_on(int source, InboundMessage& message);
   void fail_source(int source, const std::string& problem);

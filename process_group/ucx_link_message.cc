@@ -145,6 +145,38 @@ bool parse_link_message(const uint8_t* data, size_t size, const std::string& sec
   }
 }
 
+bool link_body_owners(const LinkMessage& message, std::vector<LinkBodyOwner>* owners) {
+  owners->assign(message.bodies.size(), LinkBodyOwner{});
+  const uint8_t* head = message.frames;
+  const size_t head_size = message.frames_size;
+  size_t at = 0;       // in the head
+  uint64_t whole = 0;  // the same place in the complete frames
+  size_t next_body = 0;
+  while (next_body < message.bodies.size()) {
+    if (head_size - at < sizeof(uint32_t)) return false;
+    const uint32_t header_size = read_at<uint32_t>(head + at);
+    at += sizeof(uint32_t);
+    if (header_size > kMaxFrameHeaderBytes || header_size > head_size - at) return false;
+    pg::FrameHeader header;
+    if (!header.ParseFromArray(head + at, static_cast<int>(header_size))) return false;
+    at += header_size;
+    whole += sizeof(uint32_t) + header_size;
+    if (message.bodies[next_body].offset < whole) return false;  // a body inside a header
+    for (int i = 0; i < header.tensors_size(); ++i) {
+      const uint64_t nbytes = header.tensors(i).nbytes();
+      if (nbytes > 0 && next_body < message.bodies.size() && message.bodies[next_body].offset == whole) {
+        if (message.bodies[next_body].size != nbytes) return false;
+        (*owners)[next_body++] = LinkBodyOwner{header.kind(), header.seq(), header.step(), i};
+      } else {
+        if (nbytes > head_size - at) return false;
+        at += nbytes;
+      }
+      whole += nbytes;
+    }
+  }
+  return true;
+}
+
 bool link_message_frames(const LinkMessage& message, const std::vector<ByteSpan>& bodies,
                          std::shared_ptr<void> keepalive, int source, std::vector<Frame>* frames,
                          std::string* problem) {

@@ -69,6 +69,21 @@ struct LinkMessage {
 bool parse_link_message(const uint8_t* data, size_t size, const std::string& secret, LinkMessage* message,
                         std::string* problem);
 
+// Which frame a body of a kFramesWithBodies message belongs to, read from the head alone.
+struct LinkBodyOwner {
+  pg::FrameHeader::Kind kind = pg::FrameHeader::UNKNOWN;
+  uint64_t seq = 0;
+  uint32_t step = 0;
+  int tensor = -1;  // the body is the bytes of this tensor of the frame
+};
+
+// The owner of each body of a parsed message (`owners` gets one per body), from the frame
+// headers in its head, so that a receiver can choose where a body lands before it arrives.
+// Returns false when the head's frames do not account for the bodies as the sender lays them
+// out (each body one whole tensor); link_message_frames then says what is wrong. Reads at most
+// the head's bytes and one header of at most kMaxFrameHeaderBytes at a time.
+bool link_body_owners(const LinkMessage& message, std::vector<LinkBodyOwner>* owners);
+
 // The frames of a parsed kFrames or kFramesWithBodies message; `bodies[i]` holds
 // message.bodies[i].size bytes. `keepalive` owns all of them. Returns false, with `problem`
 // set, when the frames are malformed (decode_wire_frames) or absent.

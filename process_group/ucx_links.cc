@@ -217,6 +217,11 @@ class Links final : public UcxLinks {
          [&](LinkPieces& pieces) { encode_frame(header, tensors, pieces); }, std::move(on_sent));
   }
 
+  void place_collective_frame(int peer, uint64_t seq, uint32_t step, const at::Tensor& dst) override {
+    inbound_.place(peer, seq, step, dst);
+  }
+  void release_placements(uint64_t seq) override { inbound_.release_placements(seq); }
+
   void fail_peer(int peer, const Error& why) override {
     std::vector<SendCallback> failed;
     {

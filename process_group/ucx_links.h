@@ -78,6 +78,11 @@ class UcxLinks {
   virtual void send(int peer, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
                     std::function<void(std::exception_ptr)> on_sent) = 0;
 
+  // As Transport::place_collective_frame and release_placements, for frames from `peer`'s
+  // link: its bodies are received straight into their destinations. Thread-safe.
+  virtual void place_collective_frame(int peer, uint64_t seq, uint32_t step, const at::Tensor& dst) = 0;
+  virtual void release_placements(uint64_t seq) = 0;
+
   // The peer is gone: sends still in flight to it fail with `why` now, later ones throw it.
   virtual void fail_peer(int peer, const Error& why) = 0;
 

@@ -178,6 +178,59 @@ TEST(UcxLinks, LargeTensorsLandInPlaceInReusedBuffers) {
   EXPECT_TRUE(pair.sink1.failures.empty());
 }
 
+pg::FrameHeader collective_header(uint64_t seq, uint32_t step, const std::vector<at::Tensor>& tensors) {
+  pg::FrameHeader header;
+  header.set_kind(pg::FrameHeader::COLLECTIVE);
+  header.set_seq(seq);
+  header.set_step(step);
+  describe_tensors(tensors, &header);
+  return header;
+}
+
+TEST(UcxLinks, PlacedCollectiveFramesLandInTheirDestination) {
+  Pair pair;
+  pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0));
+  pair.rank1->open_inbound(0);
+  const at::Tensor chunk = at::arange(1 << 16, at::kFloat);  // 256 KiB: a body
+  at::Tensor placed = at::zeros({1 << 16});
+  at::Tensor wrong_size = at::zeros({1 << 15});
+  at::Tensor released = at::zeros({1 << 16});
+  at::Tensor other_seq = at::zeros({1 << 16});
+  pair.rank1->place_collective_frame(0, 7, 1, placed);
+  pair.rank1->place_collective_frame(0, 7, 2, wrong_size);
+  pair.rank1->place_collective_frame(0, 6, 0, released);
+  pair.rank1->place_collective_frame(0, 8, 0, other_seq);
+  pair.rank1->release_placements(6);  // forgets seq 6, keeps 7 and 8
+  const void* placed_at = placed.data_ptr();
+  placed = at::Tensor();  // the link keeps it alive until the frame is done with it
+
+  SentCounter sent;
+  const std::vector<std::pair<uint64_t, uint32_t>> keys = {{7, 0}, {7, 1}, {7, 2}, {6, 0}};
+  for (const auto& [seq, step] : keys) pair.rank0->send(1, collective_header(seq, step, {chunk}), {chunk}, sent.callback());
+  // A P2P frame is never placed, whatever its seq and step say.
+  pg::FrameHeader p2p = p2p_header(1, {chunk});
+  p2p.set_seq(8);
+  pair.rank0->send(1, p2p, {chunk}, sent.callback());
+  ASSERT_TRUE(sent.wait_for(5));
+  EXPECT_EQ(sent.failed(), 0);
+  ASSERT_TRUE(pair.sink1.wait([&] { return pair.sink1.frames.size() == 5; }));
+  for (size_t i = 0; i < 5; ++i) {
+    const Frame& f = pair.sink1.frames[i];
+    ASSERT_EQ(f.body.size(), 1u);
+    EXPECT_TRUE(tensor_from_body(f, f.header.tensors(0), 0).equal(chunk)) << "frame " << i;
+    // Only (7, 1) had a destination of its size.
+    EXPECT_EQ(f.body[0].data == placed_at, i == 1) << "frame " << i;
+  }
+  EXPECT_TRUE(wrong_size.eq(0).all().item<bool>());
+  EXPECT_TRUE(released.eq(0).all().item<bool>());
+  EXPECT_TRUE(other_seq.eq(0).all().item<bool>());
+  // copy_body into the destination it landed in copies nothing, and says so by not failing.
+  at::Tensor again = at::from_blob(const_cast<void*>(placed_at), {1 << 16});
+  pair.sink1.frames[1].copy_body(0, again.data_ptr(), again.nbytes());
+  EXPECT_TRUE(again.equal(chunk));
+  EXPECT_TRUE(pair.sink1.failures.empty());
+}
+
 TEST(UcxLinks, MessagesWithoutThePairsSecretAreDropped) {
   Pair pair;
   pair.rank1->open_inbound(0);
@@ -306,6 +359,14 @@ TEST(UcxLinkMessages, BodiesAreSplicedBackWhereTheyWereCut) {
   EXPECT_TRUE(tensor_from_body(frames[0], frames[0].header.tensors(1), first.nbytes()).equal(at::full({2}, 7.0)));
   EXPECT_TRUE(tensor_from_body(frames[0], frames[0].header.tensors(2), first.nbytes() + mid).equal(second));
 
+  // Each body's frame and tensor, from the head alone.
+  std::vector<LinkBodyOwner> owners;
+  ASSERT_TRUE(link_body_owners(message, &owners));
+  ASSERT_EQ(owners.size(), 2u);
+  EXPECT_EQ(owners[0].kind, pg::FrameHeader::P2P);
+  EXPECT_EQ(owners[0].tensor, 0);
+  EXPECT_EQ(owners[1].tensor, 2);
+
   // A body of another size, or one missing, is refused.
   EXPECT_FALSE(link_message_frames(message, {bodies[0], bodies[0]}, nullptr, 3, &frames, &problem));
   EXPECT_NE(problem.find("body 1 has"), std::string::npos) << problem;
@@ -327,6 +388,45 @@ TEST(UcxLinkMessages, BodiesAreSplicedBackWhereTheyWereCut) {
   std::string huge_count = link_message_head(secret, LinkMessageType::kFramesWithBodies, {});
   huge_count.replace(kLinkPrefixBytes, 4, "\xff\xff\xff\xff");
   EXPECT_NE(parse_problem(huge_count + "xx", secret, &message).find("claims 4294967295 bodies"), std::string::npos);
+}
+
+TEST(UcxLinkMessages, BodyOwnersAreReadFromEveryFrameOfTheHead) {
+  const std::string secret(kLinkSecretBytes, 's');
+  const at::Tensor small = at::arange(3, at::kFloat), large = at::arange(40, at::kFloat);
+  // Three frames: (seq 4, step 0) all in the head, (4, 1) with a body, (9, 0) with a body
+  // after an empty tensor and a small one.
+  const std::string f0 = wire_bytes(collective_header(4, 0, {small}), {small});
+  const std::string f1 = wire_bytes(collective_header(4, 1, {large}), {large});
+  const std::vector<at::Tensor> third = {at::empty({0}), small, large};
+  const std::string f2 = wire_bytes(collective_header(9, 0, third), third);
+  const uint64_t body0_at = f0.size() + f1.size() - large.nbytes();
+  const uint64_t body1_at = f0.size() + f1.size() + f2.size() - large.nbytes();
+  const std::string frames = f0 + f1.substr(0, f1.size() - large.nbytes()) + f2.substr(0, f2.size() - large.nbytes());
+  auto message_with = [&](const std::vector<LinkBody>& table) {
+    LinkMessage message;
+    EXPECT_EQ(parse_problem(link_message_head(secret, LinkMessageType::kFramesWithBodies, table) + frames, secret,
+                            &message),
+              "");
+    return message;
+  };
+  std::vector<LinkBodyOwner> owners;
+  ASSERT_TRUE(link_body_owners(message_with({LinkBody{body0_at, large.nbytes(), kLinkBodyTagBit},
+                                             LinkBody{body1_at, large.nbytes(), kLinkBodyTagBit}}),
+                               &owners));
+  ASSERT_EQ(owners.size(), 2u);
+  EXPECT_EQ(owners[0].kind, pg::FrameHeader::COLLECTIVE);
+  EXPECT_EQ(owners[0].seq, 4u);
+  EXPECT_EQ(owners[0].step, 1u);
+  EXPECT_EQ(owners[0].tensor, 0);
+  EXPECT_EQ(owners[1].seq, 9u);
+  EXPECT_EQ(owners[1].step, 0u);
+  EXPECT_EQ(owners[1].tensor, 2);
+  // A body that is not one whole tensor where the head says, or that points into a header.
+  EXPECT_FALSE(link_body_owners(message_with({LinkBody{body0_at, large.nbytes() - 4, kLinkBodyTagBit},
+                                              LinkBody{body1_at - 4, large.nbytes(), kLinkBodyTagBit}}),
+                                &owners));
+  EXPECT_FALSE(link_body_owners(message_with({LinkBody{body0_at + 4, large.nbytes(), kLinkBodyTagBit}}), &owners));
+  EXPECT_FALSE(link_body_owners(message_with({LinkBody{2, large.nbytes(), kLinkBodyTagBit}}), &owners));
 }
 
 TEST(DataPlaneNames, ParseAndName) {
