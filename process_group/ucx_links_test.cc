@@ -402,17 +402,17 @@ TEST(UcxLinkMessages, BodyOwnersAreReadFromEveryFrameOfTheHead) {
   const uint64_t body0_at = f0.size() + f1.size() - large.nbytes();
   const uint64_t body1_at = f0.size() + f1.size() + f2.size() - large.nbytes();
   const std::string frames = f0 + f1.substr(0, f1.size() - large.nbytes()) + f2.substr(0, f2.size() - large.nbytes());
-  auto message_with = [&](const std::vector<LinkBody>& table) {
+  // The parsed message points into its bytes, so they live as long as the walk over them.
+  auto owners_of = [&](const std::vector<LinkBody>& table, std::vector<LinkBodyOwner>* owners) {
+    const std::string bytes = link_message_head(secret, LinkMessageType::kFramesWithBodies, table) + frames;
     LinkMessage message;
-    EXPECT_EQ(parse_problem(link_message_head(secret, LinkMessageType::kFramesWithBodies, table) + frames, secret,
-                            &message),
-              "");
-    return message;
+    EXPECT_EQ(parse_problem(bytes, secret, &message), "");
+    return link_body_owners(message, owners);
   };
   std::vector<LinkBodyOwner> owners;
-  ASSERT_TRUE(link_body_owners(message_with({LinkBody{body0_at, large.nbytes(), kLinkBodyTagBit},
-                                             LinkBody{body1_at, large.nbytes(), kLinkBodyTagBit}}),
-                               &owners));
+  ASSERT_TRUE(owners_of({LinkBody{body0_at, large.nbytes(), kLinkBodyTagBit},
+                         LinkBody{body1_at, large.nbytes(), kLinkBodyTagBit}},
+                        &owners));
   ASSERT_EQ(owners.size(), 2u);
   EXPECT_EQ(owners[0].kind, pg::FrameHeader::COLLECTIVE);
   EXPECT_EQ(owners[0].seq, 4u);
@@ -422,11 +422,11 @@ TEST(UcxLinkMessages, BodyOwnersAreReadFromEveryFrameOfTheHead) {
   EXPECT_EQ(owners[1].step, 0u);
   EXPECT_EQ(owners[1].tensor, 2);
   // A body that is not one whole tensor where the head says, or that points into a header.
-  EXPECT_FALSE(link_body_owners(message_with({LinkBody{body0_at, large.nbytes() - 4, kLinkBodyTagBit},
-                                              LinkBody{body1_at - 4, large.nbytes(), kLinkBodyTagBit}}),
-                                &owners));
-  EXPECT_FALSE(link_body_owners(message_with({LinkBody{body0_at + 4, large.nbytes(), kLinkBodyTagBit}}), &owners));
-  EXPECT_FALSE(link_body_owners(message_with({LinkBody{2, large.nbytes(), kLinkBodyTagBit}}), &owners));
+  EXPECT_FALSE(owners_of({LinkBody{body0_at, large.nbytes() - 4, kLinkBodyTagBit},
+                          LinkBody{body1_at - 4, large.nbytes(), kLinkBodyTagBit}},
+                         &owners));
+  EXPECT_FALSE(owners_of({LinkBody{body0_at + 4, large.nbytes(), kLinkBodyTagBit}}, &owners));
+  EXPECT_FALSE(owners_of({LinkBody{2, large.nbytes(), kLinkBodyTagBit}}, &owners));
 }
 
 TEST(DataPlaneNames, ParseAndName) {
