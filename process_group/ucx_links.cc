@@ -11,7 +11,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <fstream>
 #include <mutex>
@@ -22,6 +21,7 @@
 
 #include "process_group/frame.h"
 #include "process_group/ucx_link_inbound.h"
+#include "process_group/ucx_link_pieces.h"
 #include "process_group/ucx_link_message.h"
 
 namespace drpc {
@@ -30,8 +30,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using SendCallback = std::function<void(std::exception_ptr)>;
 
-// Messages this small (with no tensor sent in place) go as one buffer: UCX's fastest path.
-constexpr size_t kContiguousBytes = 64 * 1024;
 // After activity the progress thread polls this long before it sleeps on the event fd: a
 // reply that follows a request closely is picked up without a wake-up, and an idle worker
 // costs no CPU. It yields the core between polls, so that on a machine with more threads
@@ -39,72 +37,12 @@ constexpr size_t kContiguousBytes = 64 * 1024;
 // polling cost more than the wake-ups it saved (rpc_sync 142 us with a 50 us spin without
 // yielding, 42-63 us with 100-200 us yielding, on 2 cores).
 constexpr auto kSpin = std::chrono::microseconds(200);
-// Tensors at least this large travel as bodies: UCX messages of their own, contiguous, which
-// UCX moves with zero copies (cross-memory attach on one host), into a buffer the receiver
-// then uses in place as the tensor's storage.
-constexpr size_t kBodyBytes = 64 * 1024;
 // How long shutdown waits for sends in flight before it closes the links regardless.
 constexpr auto kCloseTimeout = std::chrono::milliseconds(500);
 
 std::string ucx_error(const std::string& what, ucs_status_t status) {
   return what + ": " + ucs_status_string(status);
 }
-
-// A message's pieces in wire order: copied pieces owned here, mid-sized tensors in place in
-// the head, large tensors as bodies (ucx_link_message.h).
-class LinkPieces final : public FramePieces {
- public:
-  void add_bytes(size_t size, const std::function<void(uint8_t*)>& fill) override {
-    if (size == 0) return;
-    owned_.emplace_back(size);
-    fill(owned_.back().data());
-    segments_.push_back(ucp_dt_iov_t{owned_.back().data(), size});
-    frames_bytes_ += size;
-  }
-  void add_tensor(const at::Tensor& tensor) override {
-    if (tensor.nbytes() == 0) return;
-    tensors_.push_back(tensor);
-    if (tensor.nbytes() >= kBodyBytes) {
-      LinkBody body;
-      body.offset = frames_bytes_;
-      body.size = tensor.nbytes();
-      bodies_.push_back(body);
-      body_data_.push_back(tensor.data_ptr());
-    } else {
-      segments_.push_back(ucp_dt_iov_t{tensor.data_ptr(), tensor.nbytes()});
-    }
-    frames_bytes_ += tensor.nbytes();
-  }
-
-  // Puts `head` (the prefix and body table) before the frames.
-  void add_head(const std::string& head) {
-    owned_.emplace_front(head.begin(), head.end());
-    segments_.insert(segments_.begin(), ucp_dt_iov_t{owned_.front().data(), head.size()});
-  }
-
-  // Copies the head message into one buffer when it is small and holds no tensor in place;
-  // returns whether it did.
-  bool make_contiguous() {
-    size_t total = 0;
-    for (const auto& s : segments_) total += s.length;
-    if (tensors_.size() != bodies_.size() || total > kContiguousBytes) return false;
-    contiguous_.resize(total);
-    size_t at = 0;
-    for (const auto& s : segments_) {
-      std::memcpy(contiguous_.data() + at, s.buffer, s.length);
-      at += s.length;
-    }
-    return true;
-  }
-
-  std::deque<std::vector<uint8_t>> owned_;
-  std::vector<at::Tensor> tensors_;  // kept alive until sent
-  std::vector<ucp_dt_iov_t> segments_;
-  std::vector<LinkBody> bodies_;  // their tags are set when the message is posted
-  std::vector<void*> body_data_;
-  std::vector<uint8_t> contiguous_;
-  size_t frames_bytes_ = 0;
-};
 
 class Links;
 struct SendOp;
@@ -343,15 +281,11 @@ class Links final : public UcxLinks {
       if (!pieces.bodies_.empty() || link.deferred > 0) {
         ++link.deferred;
         deferred_.push_back(raw);
+        has_deferred_ = true;
         deferred = true;
       }
     }
-    if (deferred) {
-      ep_lock.unlock();
-      if (progress_sleeping_) ucp_worker_signal(worker_);
-      return;
-    }
-    const bool in_flight = post_parts(raw, link);
+    const bool in_flight = deferred || post_parts(raw, link);
     ep_lock.unlock();
     // The progress thread drives what is in flight from here; a thread that polls will see
     // it without a wake-up (a system call, and on a busy machine a context switch).
@@ -417,12 +351,14 @@ class Links final : public UcxLinks {
 
   // The progress thread: posts the messages post() queued, in order. Returns whether there were any.
   bool post_deferred() {
+    if (!has_deferred_) return false;  // the common case, without the lock: this runs on every poll
     std::deque<SendOp*> batch;
     {
       std::lock_guard<std::mutex> lock(defer_mu_);
-      if (deferred_.empty()) return false;
       batch.swap(deferred_);
+      has_deferred_ = false;
     }
+    if (batch.empty()) return false;
     std::shared_lock<std::shared_mutex> ep_lock(ep_mu_);
     for (SendOp* op : batch) {
       Peer& link = *peers_[op->peer];
@@ -552,6 +488,10 @@ class Links final : public UcxLinks {
   // in pending_, which owns it, so shutdown fails them like the others.
   std::mutex defer_mu_;
   std::deque<SendOp*> deferred_;
+  // Whether deferred_ may hold any. Set after a push and read by the progress thread after it
+  // sets progress_sleeping_ (both sequentially consistent), so a push is either seen by that
+  // last poll or signalled.
+  std::atomic<bool> has_deferred_{false};
 };
 
 }  // namespace

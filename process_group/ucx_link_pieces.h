@@ -1,0 +1,44 @@
+#pragma once
+
+// Internal to //process_group:ucx_links: how a message to one peer is laid out for UCX before
+// it is posted (ucx_link_message.h has the wire format).
+
+#include <ATen/core/Tensor.h>
+#include <ucp/api/ucp.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "process_group/frame.h"
+#include "process_group/ucx_link_message.h"
+
+namespace drpc {
+
+// A message's pieces in wire order: copied pieces owned here, mid-sized tensors in place in
+// the head, large tensors as bodies. Not thread-safe; the tensors it is given are kept alive
+// until it is destroyed.
+class LinkPieces final : public FramePieces {
+ public:
+  void add_bytes(size_t size, const std::function<void(uint8_t*)>& fill) override;
+  void add_tensor(const at::Tensor& tensor) override;
+
+  // Puts `head` (the prefix and body table) before the frames.
+  void add_head(const std::string& head);
+
+  // Copies the head message into one buffer when it is small and holds no tensor in place;
+  // returns whether it did.
+  bool make_contiguous();
+
+  std::deque<std::vector<uint8_t>> owned_;
+  std::vector<at::Tensor> tensors_;  // kept alive until sent
+  std::vector<ucp_dt_iov_t> segments_;
+  std::vector<LinkBody> bodies_;  // their tags are set when the message is posted
+  std::vector<void*> body_data_;
+  std::vector<uint8_t> contiguous_;
+  size_t frames_bytes_ = 0;
+};
+
+}  // namespace drpc
