@@ -196,19 +196,27 @@ void CollectiveRunner::loop() {
       tasks_.pop_front();
     }
     CollectiveCall call(*this, task.seq, task.desc, Clock::now() + timeout_);
+    std::vector<at::Tensor> result;
+    std::exception_ptr failure;
     try {
-      std::vector<at::Tensor> result = task.body(call);
+      result = task.body(call);
       call.flush();  // the caller may reuse its tensors once the work completes
-      task.work->finish(std::move(result));
     } catch (const Error& e) {
       abort_collective(task.seq, e);
-      task.work->finish_with_error(std::current_exception());
+      failure = std::current_exception();
     } catch (const std::exception& e) {
       Error error(ErrorKind::kBadArgument, call.what() + ": " + e.what());
       abort_collective(task.seq, error);
-      task.work->finish_with_error(std::make_exception_ptr(error));
+      failure = std::make_exception_ptr(error);
     }
+    // Before the work completes: a frame still landing in a tensor of a failed collective
+    // would otherwise write it after the caller has it back.
     if (call.placed_) transport_->release_placements(task.seq);
+    if (failure) {
+      task.work->finish_with_error(failure);
+    } else {
+      task.work->finish(std::move(result));
+    }
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = inbox_.begin(); it != inbox_.end();) {
       it = it->first.second <= task.seq ? inbox_.erase(it) : std::next(it);

@@ -75,8 +75,11 @@ class Transport {
   // release_placements(seq), and may write dst's bytes at any time before either: the caller
   // must not read or write them meanwhile. Thread-safe; never throws.
   virtual void place_collective_frame(int src, uint64_t seq, uint32_t step, const at::Tensor& dst) = 0;
-  // Forgets the placements of collectives up to `seq` that no frame used. A frame that was
-  // already being received into its destination still lands there. Thread-safe.
+  // Forgets the placements of collectives up to `seq` that no frame used, and returns once
+  // no frame from a live peer is still being received into one of them: a frame already on
+  // its way lands first, so that a collective that failed hands its tensors back whole and
+  // nothing writes them afterwards. (A peer that failed cannot be waited for: what it had
+  // under way is abandoned.) Thread-safe.
   virtual void release_placements(uint64_t seq) = 0;
 
   // Closes every connection; the sink receives nothing afterwards. Idempotent.

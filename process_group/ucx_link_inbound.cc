@@ -4,8 +4,10 @@
 
 #include <glog/logging.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <map>
 
 #include "process_group/ucx_link_message.h"
@@ -18,6 +20,9 @@ constexpr size_t kAlignment = 64;
 constexpr size_t kPooledBytes = 256u << 20;
 constexpr ucp_tag_t kExactTag = ~ucp_tag_t{0};
 
+// How long release_placements waits for a live peer's body to land before it gives up.
+constexpr auto kLandingWait = std::chrono::seconds(10);
+
 // A receive into one body's buffer.
 struct BodyReceive {
   std::shared_ptr<uint8_t> buffer;
@@ -26,6 +31,18 @@ struct BodyReceive {
   void* request = nullptr;  // UCX's, while in flight
   bool done = false;
   bool ok = false;
+  std::function<void()> on_end;  // a body received into a placement: tells its link
+
+  // The receive ended: whole, or not (failed, or given up once nothing progresses it).
+  void end(bool whole) {
+    ok = whole;
+    done = true;
+    if (on_end) {
+      auto tell = std::move(on_end);
+      on_end = nullptr;
+      tell();
+    }
+  }
 };
 
 // What keeps a received message's bytes alive while any of its tensors is in use.
@@ -107,7 +124,9 @@ struct InboundMessage {
   void release_requests() {
     if (!done && request != nullptr) ucp_request_free(request);
     for (auto& body : bodies) {
-      if (!body.done && body.request != nullptr) ucp_request_free(body.request);
+      if (body.done) continue;
+      if (body.request != nullptr) ucp_request_free(body.request);
+      body.end(false);  // nothing writes its buffer once the progress thread stopped
     }
   }
 };
@@ -201,15 +220,31 @@ void LinkInbound::place(int peer, uint64_t seq, uint32_t step, const at::Tensor&
 }
 
 void LinkInbound::release_placements(uint64_t seq) {
-  for (auto& peer : peers_) {
-    std::lock_guard<std::mutex> lock(peer->placement_mu);
-    auto& placements = peer->placements;
+  const auto deadline = std::chrono::steady_clock::now() + kLandingWait;
+  for (int r = 0; r < size_; ++r) {
+    Peer& peer = *peers_[r];
+    std::unique_lock<std::mutex> lock(peer.placement_mu);
+    auto& placements = peer.placements;
     placements.erase(placements.begin(), placements.upper_bound({seq, UINT32_MAX}));
+    const auto settled = [&] { return peer.failed || peer.landing.empty() || peer.landing.begin()->first > seq; };
+    if (!peer.landed.wait_until(lock, deadline, settled)) {
+      LOG(WARNING) << "rank " << rank_ << ": a body from rank " << r << " was still landing in a tensor of collective "
+                   << peer.landing.begin()->first << " " << kLandingWait.count()
+                   << " s after the collective ended; the tensor may still change";
+    }
   }
 }
 
-std::vector<std::shared_ptr<uint8_t>> LinkInbound::placed_buffers(const InboundMessage& in, Peer& link) {
-  std::vector<std::shared_ptr<uint8_t>> buffers(in.message.bodies.size());
+void LinkInbound::fail(int peer) {
+  if (peer < 0 || peer >= size_) return;
+  Peer& link = *peers_[peer];
+  std::lock_guard<std::mutex> lock(link.placement_mu);
+  link.failed = true;
+  link.landed.notify_all();
+}
+
+std::vector<LinkInbound::BodyDestination> LinkInbound::placed_buffers(const InboundMessage& in, Peer& link) {
+  std::vector<BodyDestination> buffers(in.message.bodies.size());
   {
     std::lock_guard<std::mutex> lock(link.placement_mu);
     if (link.placements.empty()) return buffers;
@@ -227,7 +262,9 @@ std::vector<std::shared_ptr<uint8_t>> LinkInbound::placed_buffers(const InboundM
     link.placements.erase(it);
     if (dst.nbytes() != in.message.bodies[i].size || !dst.is_contiguous()) continue;  // the frame's check fails it
     // The frame's keepalive holds the destination tensor alive, whatever its owner does.
-    buffers[i] = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(dst.data_ptr()), [dst](uint8_t*) {});
+    buffers[i].buffer = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(dst.data_ptr()), [dst](uint8_t*) {});
+    buffers[i].seq = owner.seq;
+    ++link.landing[owner.seq];  // here, under the lock that release_placements checks it under
   }
   return buffers;
 }
@@ -238,11 +275,21 @@ void LinkInbound::post_bodies(ucp_worker_h worker, InboundMessage& in, Peer& lin
   in.valid = parse_link_message(in.buffer.get(), in.size, link.secret, &in.message, &in.problem);
   if (!in.valid) return;
   in.bodies.resize(in.message.bodies.size());
-  std::vector<std::shared_ptr<uint8_t>> placed = placed_buffers(in, link);
+  std::vector<BodyDestination> placed = placed_buffers(in, link);
   for (size_t i = 0; i < in.bodies.size(); ++i) {
     BodyReceive& body = in.bodies[i];
     body.size = in.message.bodies[i].size;
-    body.buffer = placed[i] ? std::move(placed[i]) : pool_->take(body.size);
+    if (placed[i].buffer != nullptr) {
+      body.buffer = std::move(placed[i].buffer);
+      body.on_end = [&link, seq = placed[i].seq] {
+        std::lock_guard<std::mutex> lock(link.placement_mu);
+        auto it = link.landing.find(seq);
+        if (it != link.landing.end() && --it->second == 0) link.landing.erase(it);
+        link.landed.notify_all();
+      };
+    } else {
+      body.buffer = pool_->take(body.size);
+    }
     if (body.buffer == nullptr) {
       // Its bytes stay unexpected in UCX; the peer is failed for a body no one can hold.
       in.valid = false;
@@ -255,17 +302,16 @@ void LinkInbound::post_bodies(ucp_worker_h worker, InboundMessage& in, Peer& lin
     param.cb.recv = [](void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
       auto* body = static_cast<BodyReceive*>(user_data);
       ucp_request_free(request);
-      body->ok = status == UCS_OK;
+      body->request = nullptr;
       body->info = *info;
-      body->done = true;
+      body->end(status == UCS_OK);
     };
     param.user_data = &body;
     param.recv_info.tag_info = &body.info;
     const ucs_status_ptr_t request =
         ucp_tag_recv_nbx(worker, body.buffer.get(), body.size, in.message.bodies[i].tag, kExactTag, &param);
     if (request == nullptr || UCS_PTR_IS_ERR(request)) {
-      body.ok = request == nullptr;
-      body.done = true;
+      body.end(request == nullptr);
     } else {
       body.request = request;
     }

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
@@ -43,9 +44,13 @@ class LinkInbound {
   // Delivers `peer`'s held frames and those that follow. Thread-safe.
   void open(int peer);
 
-  // UcxLinks::place_collective_frame and release_placements. Thread-safe.
+  // UcxLinks::place_collective_frame and release_placements. Thread-safe; release waits
+  // for the progress thread, so it must not be called there.
   void place(int peer, uint64_t seq, uint32_t step, const at::Tensor& dst);
   void release_placements(uint64_t seq);
+
+  // `peer` failed: release_placements stops waiting for its bodies. Thread-safe.
+  void fail(int peer);
 
   // Takes in the heads that arrived on `worker` and hands complete messages on. Returns
   // whether a head arrived. The progress thread only, like everything below.
@@ -63,15 +68,25 @@ class LinkInbound {
     bool open = false;                     // guarded by mu
     std::vector<std::vector<Frame>> held;  // guarded by mu
     std::mutex placement_mu;
-    // Where collective frames' bodies go, by (seq, step); guarded by placement_mu.
+    // Guarded by placement_mu: where collective frames' bodies go, by (seq, step); the bodies
+    // being received into a placement, by seq; whether the peer failed.
     std::map<std::pair<uint64_t, uint32_t>, at::Tensor> placements;
+    std::map<uint64_t, int> landing;
+    bool failed = false;
+    std::condition_variable landed;  // a placed body's receive ended, or the peer failed
+  };
+
+  // A body's destination: a placement (with its collective's seq), or null for the pool.
+  struct BodyDestination {
+    std::shared_ptr<uint8_t> buffer;
+    uint64_t seq = 0;
   };
 
   void receive(ucp_worker_h worker, ucp_tag_message_h message, const ucp_tag_recv_info_t& info);
   void post_bodies(ucp_worker_h worker, InboundMessage& message, Peer& link);
-  // The buffers `message`'s bodies land in: their placements where the frames were placed,
-  // null for the others.
-  std::vector<std::shared_ptr<uint8_t>> placed_buffers(const InboundMessage& message, Peer& link);
+  // Where `message`'s bodies land: their placements where the frames were placed (each
+  // counted in link.landing until its receive ends), null for the others.
+  std::vector<BodyDestination> placed_buffers(const InboundMessage& message, Peer& link);
   void drain(ucp_worker_h worker, int source);
   void hand_on(int source, InboundMessage& message);
   void fail_source(int source, const std::string& problem);

@@ -170,6 +170,7 @@ class Links final : public UcxLinks {
         if (op->peer == peer && op->on_sent) failed.push_back(std::move(op->on_sent));
       }
     }
+    inbound_.fail(peer);
     const auto error = std::make_exception_ptr(why);
     for (auto& cb : failed) cb(error);
   }

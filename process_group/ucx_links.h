@@ -83,7 +83,8 @@ class UcxLinks {
   virtual void place_collective_frame(int peer, uint64_t seq, uint32_t step, const at::Tensor& dst) = 0;
   virtual void release_placements(uint64_t seq) = 0;
 
-  // The peer is gone: sends still in flight to it fail with `why` now, later ones throw it.
+  // The peer is gone: sends still in flight to it fail with `why` now, later ones throw it,
+  // and release_placements no longer waits for its frames.
   virtual void fail_peer(int peer, const Error& why) = 0;
 
   // Stops the progress thread, closes the links (waiting briefly for sends in flight) and

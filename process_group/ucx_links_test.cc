@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "process_group/frame.h"
@@ -228,6 +229,31 @@ TEST(UcxLinks, PlacedCollectiveFramesLandInTheirDestination) {
   at::Tensor again = at::from_blob(const_cast<void*>(placed_at), {1 << 16});
   pair.sink1.frames[1].copy_body(0, again.data_ptr(), again.nbytes());
   EXPECT_TRUE(again.equal(chunk));
+  EXPECT_TRUE(pair.sink1.failures.empty());
+}
+
+// A collective that fails while a frame of it is landing in one of its tensors gets the
+// tensor back only once the frame has landed: nothing writes it after release_placements.
+TEST(UcxLinks, ReleaseWaitsForAPlacedBodyStillLanding) {
+  Pair pair;
+  pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0));
+  pair.rank1->open_inbound(0);
+  const int64_t n = 32 << 20;  // 128 MiB: the copy takes long enough to be caught under way
+  const at::Tensor chunk = at::ones({n});
+  at::Tensor dst = at::zeros({n});
+  pair.rank1->place_collective_frame(0, 5, 0, dst);
+  pair.rank0->send(1, collective_header(5, 0, {chunk}), {chunk}, nullptr);
+  // The body starts landing when its first float turns to 1 (UCX copies it in from the start).
+  const auto* first = static_cast<const uint32_t*>(dst.data_ptr());
+  const auto give_up = std::chrono::steady_clock::now() + seconds(20);
+  while (__atomic_load_n(first, __ATOMIC_ACQUIRE) == 0) {
+    ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "the body never started landing";
+    std::this_thread::yield();
+  }
+  pair.rank1->release_placements(5);
+  EXPECT_TRUE(dst.eq(1).all().item<bool>()) << "release_placements returned before the body had landed";
+  ASSERT_TRUE(pair.sink1.wait([&] { return pair.sink1.frames.size() == 1; }));
+  EXPECT_EQ(pair.sink1.frames[0].body[0].data, dst.data_ptr());
   EXPECT_TRUE(pair.sink1.failures.empty());
 }
 
