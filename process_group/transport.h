@@ -79,7 +79,8 @@ class Transport {
   // no frame from a live peer is still being received into one of them: a frame already on
   // its way lands first, so that a collective that failed hands its tensors back whole and
   // nothing writes them afterwards. (A peer that failed cannot be waited for: what it had
-  // under way is abandoned.) Thread-safe.
+  // under way when it was declared failed is abandoned, and nothing of it lands in place
+  // after.) Thread-safe; not on a transport thread (it waits for them).
   virtual void release_placements(uint64_t seq) = 0;
 
   // Closes every connection; the sink receives nothing afterwards. Idempotent.

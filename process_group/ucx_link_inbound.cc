@@ -216,7 +216,7 @@ void LinkInbound::place(int peer, uint64_t seq, uint32_t step, const at::Tensor&
   if (peer < 0 || peer >= size_ || peer == rank_) return;
   Peer& link = *peers_[peer];
   std::lock_guard<std::mutex> lock(link.placement_mu);
-  link.placements[{seq, step}] = dst;
+  if (!link.failed) link.placements[{seq, step}] = dst;
 }
 
 void LinkInbound::release_placements(uint64_t seq) {
@@ -231,6 +231,8 @@ void LinkInbound::release_placements(uint64_t seq) {
       LOG(WARNING) << "rank " << rank_ << ": a body from rank " << r << " was still landing in a tensor of collective "
                    << peer.landing.begin()->first << " " << kLandingWait.count()
                    << " s after the collective ended; the tensor may still change";
+      // Not waited for again: later collectives would each wait as long for it.
+      peer.landing.erase(peer.landing.begin(), peer.landing.upper_bound(seq));
     }
   }
 }
@@ -240,6 +242,7 @@ void LinkInbound::fail(int peer) {
   Peer& link = *peers_[peer];
   std::lock_guard<std::mutex> lock(link.placement_mu);
   link.failed = true;
+  link.placements.clear();  // a peer declared failed may still be sending: nothing of it lands in place now
   link.landed.notify_all();
 }
 

@@ -257,6 +257,29 @@ TEST(UcxLinks, ReleaseWaitsForAPlacedBodyStillLanding) {
   EXPECT_TRUE(pair.sink1.failures.empty());
 }
 
+// A peer declared failed may still be alive and sending: once it is, its frames never land
+// in a collective's tensors (release_placements no longer waits for it).
+TEST(UcxLinks, NothingOfAFailedPeerLandsInPlace) {
+  Pair pair;
+  pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0));
+  pair.rank1->open_inbound(0);
+  const at::Tensor chunk = at::ones({1 << 16});
+  at::Tensor placed_before = at::zeros({1 << 16}), placed_after = at::zeros({1 << 16});
+  pair.rank1->place_collective_frame(0, 3, 0, placed_before);
+  pair.rank1->fail_peer(0, Error(ErrorKind::kPeerUnavailable, "rank 0 missed its heartbeats"));
+  pair.rank1->place_collective_frame(0, 3, 1, placed_after);
+  for (uint32_t step : {0u, 1u}) pair.rank0->send(1, collective_header(3, step, {chunk}), {chunk}, nullptr);
+  ASSERT_TRUE(pair.sink1.wait([&] { return pair.sink1.frames.size() == 2; }));
+  for (const Frame& f : pair.sink1.frames) {
+    EXPECT_TRUE(tensor_from_body(f, f.header.tensors(0), 0).equal(chunk));
+    EXPECT_NE(f.body[0].data, placed_before.data_ptr());
+    EXPECT_NE(f.body[0].data, placed_after.data_ptr());
+  }
+  EXPECT_TRUE(placed_before.eq(0).all().item<bool>());
+  EXPECT_TRUE(placed_after.eq(0).all().item<bool>());
+  pair.rank1->release_placements(3);  // nothing to wait for
+}
+
 TEST(UcxLinks, MessagesWithoutThePairsSecretAreDropped) {
   Pair pair;
   pair.rank1->open_inbound(0);
