@@ -266,8 +266,13 @@ std::vector<LinkInbound::BodyDestination> LinkInbound::placed_buffers(const Inbo
     if (dst.nbytes() != in.message.bodies[i].size || !dst.is_contiguous()) continue;  // the frame's check fails it
     // The frame's keepalive holds the destination tensor alive, whatever its owner does.
     buffers[i].buffer = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(dst.data_ptr()), [dst](uint8_t*) {});
-    buffers[i].seq = owner.seq;
     ++link.landing[owner.seq];  // here, under the lock that release_placements checks it under
+    buffers[i].on_end = [&link, seq = owner.seq] {
+      std::lock_guard<std::mutex> lock(link.placement_mu);
+      auto it = link.landing.find(seq);
+      if (it != link.landing.end() && --it->second == 0) link.landing.erase(it);
+      link.landed.notify_all();
+    };
   }
   return buffers;
 }
@@ -282,17 +287,8 @@ void LinkInbound::post_bodies(ucp_worker_h worker, InboundMessage& in, Peer& lin
   for (size_t i = 0; i < in.bodies.size(); ++i) {
     BodyReceive& body = in.bodies[i];
     body.size = in.message.bodies[i].size;
-    if (placed[i].buffer != nullptr) {
-      body.buffer = std::move(placed[i].buffer);
-      body.on_end = [&link, seq = placed[i].seq] {
-        std::lock_guard<std::mutex> lock(link.placement_mu);
-        auto it = link.landing.find(seq);
-        if (it != link.landing.end() && --it->second == 0) link.landing.erase(it);
-        link.landed.notify_all();
-      };
-    } else {
-      body.buffer = pool_->take(body.size);
-    }
+    body.on_end = std::move(placed[i].on_end);
+    body.buffer = placed[i].buffer != nullptr ? std::move(placed[i].buffer) : pool_->take(body.size);
     if (body.buffer == nullptr) {
       // Its bytes stay unexpected in UCX; the peer is failed for a body no one can hold.
       in.valid = false;
@@ -305,7 +301,6 @@ void LinkInbound::post_bodies(ucp_worker_h worker, InboundMessage& in, Peer& lin
     param.cb.recv = [](void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
       auto* body = static_cast<BodyReceive*>(user_data);
       ucp_request_free(request);
-      body->request = nullptr;
       body->info = *info;
       body->end(status == UCS_OK);
     };

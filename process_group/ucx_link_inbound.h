@@ -13,6 +13,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -76,16 +77,17 @@ class LinkInbound {
     std::condition_variable landed;  // a placed body's receive ended, or the peer failed
   };
 
-  // A body's destination: a placement (with its collective's seq), or null for the pool.
+  // A body's destination: a placement, with what to run once its receive ends; or null for
+  // the pool.
   struct BodyDestination {
     std::shared_ptr<uint8_t> buffer;
-    uint64_t seq = 0;
+    std::function<void()> on_end;
   };
 
   void receive(ucp_worker_h worker, ucp_tag_message_h message, const ucp_tag_recv_info_t& info);
   void post_bodies(ucp_worker_h worker, InboundMessage& message, Peer& link);
   // Where `message`'s bodies land: their placements where the frames were placed (each
-  // counted in link.landing until its receive ends), null for the others.
+  // counted in link.landing until its on_end runs), null for the others.
   std::vector<BodyDestination> placed_buffers(const InboundMessage& message, Peer& link);
   void drain(ucp_worker_h worker, int source);
   void hand_on(int source, InboundMessage& message);

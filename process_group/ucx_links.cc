@@ -293,9 +293,10 @@ class Links final : public UcxLinks {
     if (in_flight && progress_sleeping_) ucp_worker_signal(worker_);
   }
 
-  // Posts `op`'s head and bodies on `link` (ep_mu_ held shared). Returns whether any is still
-  // in flight; after the last post `op` may be gone (completed on the progress thread).
-  bool post_parts(SendOp* op, Peer& link) {
+  // Posts `op`'s head and bodies on `link` (ep_mu_ held shared), or cancels them all when
+  // `cancel` is set or the link is closed. Returns whether any is still in flight; after the
+  // last post `op` may be gone (completed on the progress thread).
+  bool post_parts(SendOp* op, Peer& link, bool cancel = false) {
     LinkPieces& pieces = op->pieces;
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
@@ -306,7 +307,7 @@ class Links final : public UcxLinks {
     };
     const uint64_t id = op->id;
     const size_t parts = op->parts.size();
-    bool head_failed = link.ep == nullptr;  // closed: nothing can be posted
+    bool head_failed = cancel || link.ep == nullptr;  // closed: nothing can be posted
     bool in_flight = false;
     for (size_t i = 0; i < parts; ++i) {
       if (head_failed) {  // the peer would never ask for the bodies
@@ -368,11 +369,7 @@ class Links final : public UcxLinks {
         std::lock_guard<std::mutex> lock(mu_);
         failed = link.failed.has_value();  // its sender was told; posting could wait forever
       }
-      if (failed) {
-        for (size_t i = 0, parts = op->parts.size(); i < parts; ++i) part_done(op, i, UCS_ERR_CANCELED);
-      } else {
-        post_parts(op, link);
-      }
+      post_parts(op, link, /*cancel=*/failed);
       std::lock_guard<std::mutex> lock(defer_mu_);
       --link.deferred;
     }

@@ -102,6 +102,12 @@ struct Pair {
     rank1 = create_ucx_links(1, 2, DataPlane::kAuto, sink1, &why);
     if (!rank0 || !rank1) throw std::runtime_error("UCX did not start: " + why);
   }
+
+  // Rank 0's link to rank 1, open at rank 1 (as after the SWITCH).
+  void open_0_to_1() {
+    rank0->connect(1, rank1->address(), rank1->inbound_secret(0));
+    rank1->open_inbound(0);
+  }
 };
 
 TEST(UcxLinks, ProbeThenFramesInOrderOnceOpened) {
@@ -147,8 +153,7 @@ TEST(UcxLinks, ProbeThenFramesInOrderOnceOpened) {
 
 TEST(UcxLinks, LargeTensorsLandInPlaceInReusedBuffers) {
   Pair pair;
-  pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0));
-  pair.rank1->open_inbound(0);
+  pair.open_0_to_1();
   const at::Tensor first = at::arange(1 << 18, at::kFloat), second = at::arange(1 << 16, at::kDouble);
   const std::vector<at::Tensor> tensors = {first, at::full({3}, 2.0), second};
   const void* landed = nullptr;
@@ -190,8 +195,7 @@ pg::FrameHeader collective_header(uint64_t seq, uint32_t step, const std::vector
 
 TEST(UcxLinks, PlacedCollectiveFramesLandInTheirDestination) {
   Pair pair;
-  pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0));
-  pair.rank1->open_inbound(0);
+  pair.open_0_to_1();
   const at::Tensor chunk = at::arange(1 << 16, at::kFloat);  // 256 KiB: a body
   at::Tensor placed = at::zeros({1 << 16});
   at::Tensor wrong_size = at::zeros({1 << 15});
@@ -236,8 +240,7 @@ TEST(UcxLinks, PlacedCollectiveFramesLandInTheirDestination) {
 // tensor back only once the frame has landed: nothing writes it after release_placements.
 TEST(UcxLinks, ReleaseWaitsForAPlacedBodyStillLanding) {
   Pair pair;
-  pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0));
-  pair.rank1->open_inbound(0);
+  pair.open_0_to_1();
   const int64_t n = 32 << 20;  // 128 MiB: the copy takes long enough to be caught under way
   const at::Tensor chunk = at::ones({n});
   at::Tensor dst = at::zeros({n});
@@ -261,8 +264,7 @@ TEST(UcxLinks, ReleaseWaitsForAPlacedBodyStillLanding) {
 // in a collective's tensors (release_placements no longer waits for it).
 TEST(UcxLinks, NothingOfAFailedPeerLandsInPlace) {
   Pair pair;
-  pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0));
-  pair.rank1->open_inbound(0);
+  pair.open_0_to_1();
   const at::Tensor chunk = at::ones({1 << 16});
   at::Tensor placed_before = at::zeros({1 << 16}), placed_after = at::zeros({1 << 16});
   pair.rank1->place_collective_frame(0, 3, 0, placed_before);

@@ -34,11 +34,10 @@ for world in 2 4; do
   done
   for metric in busbw_MBps lat_us barrier_us; do
     # shellcheck disable=SC2086  # the lists are words
-    printf 'world=%d %-11s median drpc=%-9s gloo=%-9s ratio=%s (rounds %s)\n' "$world" "$metric" \
-      "$(median ${drpc_v[$metric]})" "$(median ${gloo_v[$metric]})" "$(median ${ratio_v[$metric]})" \
-      "$(spread ${ratio_v[$metric]})"
-    # shellcheck disable=SC2086
     r=$(median ${ratio_v[$metric]})
+    # shellcheck disable=SC2086
+    printf 'world=%d %-11s median drpc=%-9s gloo=%-9s ratio=%s (rounds %s)\n' "$world" "$metric" \
+      "$(median ${drpc_v[$metric]})" "$(median ${gloo_v[$metric]})" "$r" "$(spread ${ratio_v[$metric]})"
     case $metric in
       busbw_MBps) summary+=" busbw_w$world=$r" ;;
       lat_us) lat+=" lat_w$world=$r" ;;
