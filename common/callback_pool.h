@@ -14,10 +14,13 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "common/wake_batch.h"
 
 namespace drpc {
 
@@ -37,24 +40,29 @@ class CallbackPool {
   // completions that come late (shutdown failing pending calls) are never lost.
   // Thread-safe.
   void run(std::function<void()> task) {
+    bool wake_idle_thread = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (!closed_) {
-        queue_.push_back(std::move(task));
-        if (threads_.empty()) {
-          last_start_ = Clock::now();
-          threads_.emplace_back([this] { loop(); });
-          monitor_ = std::thread([this] { watch(); });
-        }
-        if (idle_ > 0) {
-          cv_.notify_one();
-        } else {
-          wake_monitor_locked();  // every thread is busy: the monitor watches for a stall
-        }
+      if (closed_) {
+        lock.unlock();
+        task();
         return;
       }
+      queue_.push_back(std::move(task));
+      if (threads_.empty()) {
+        last_start_ = Clock::now();
+        threads_.emplace_back([this] { loop(); });
+        monitor_ = std::thread([this] { watch(); });
+      }
+      if (idle_ > 0) {
+        wake_idle_thread = true;
+      } else {
+        wake_monitor_locked();  // every thread is busy: the monitor watches for a stall
+      }
     }
-    task();
+    // Woken after the lock is released (woken under it, the thread would wake only to
+    // block on mu_ again), and once per burst when the caller delivers one (WakeBatch).
+    if (wake_idle_thread) WakeBatch::wake(work_cv_.get(), [cv = work_cv_] { cv->notify_one(); });
   }
 
   // Runs what is queued, then stops and joins every thread (a pool thread that calls it
@@ -68,7 +76,7 @@ class CallbackPool {
       threads.swap(threads_);
       monitor.swap(monitor_);
     }
-    cv_.notify_all();
+    work_cv_->notify_all();
     monitor_cv_.notify_all();
     if (monitor.joinable()) monitor.join();
     for (auto& t : threads) {
@@ -98,14 +106,18 @@ class CallbackPool {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
       ++idle_;
-      cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+      work_cv_->wait(lock, [&] { return closed_ || !queue_.empty(); });
       --idle_;
       if (queue_.empty()) return;  // closed and drained
       auto task = std::move(queue_.front());
       queue_.pop_front();
       last_start_ = Clock::now();
       if (!queue_.empty() && idle_ == 0) wake_monitor_locked();  // a backlog begins here too
+      // One wake-up may stand for a burst of tasks: what this thread leaves queued goes to
+      // the next idle thread, so a task that blocks holds up none of them.
+      const bool wake_next = !queue_.empty() && idle_ > 0;
       lock.unlock();
+      if (wake_next) work_cv_->notify_one();
       task();
       lock.lock();
     }
@@ -147,7 +159,7 @@ class CallbackPool {
   const size_t max_threads_;
   const std::chrono::milliseconds stall_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  const std::shared_ptr<std::condition_variable> work_cv_ = std::make_shared<std::condition_variable>();
   std::condition_variable monitor_cv_;
   std::thread monitor_;
   // Guarded by mu_.

@@ -3,6 +3,8 @@
 
 #include "common/callback_pool.h"
 
+#include "common/wake_batch.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -46,6 +48,54 @@ TEST(CallbackPool, ABurstOfShortTasksStaysOnFewThreads) {
   // A thread is added only when none has started a task for the stall time; the old rule,
   // one per task queued beyond the idle ones, reached its cap of 64.
   EXPECT_LE(pool.threads(), 8u);
+}
+
+TEST(CallbackPool, TasksQueuedDuringABatchRunOnceItEnds) {
+  CallbackPool pool;
+  std::promise<void> warm;
+  pool.run([&] { warm.set_value(); });  // the pool's thread exists, and goes idle
+  warm.get_future().wait();
+  std::atomic<int> ran{0};
+  std::promise<void> all;
+  {
+    WakeBatch batch;  // what a network thread opens around a burst of deliveries
+    for (int i = 0; i < 100; ++i) {
+      pool.run([&] {
+        if (++ran == 100) all.set_value();
+      });
+    }
+  }
+  EXPECT_EQ(all.get_future().wait_for(seconds(10)), std::future_status::ready);
+}
+
+TEST(CallbackPool, ABlockedTaskOfABurstDoesNotHoldUpTheRest) {
+  CallbackPool pool;
+  {  // two threads: the first blocks until the second has run a task
+    std::promise<void> second_ran, both_done;
+    auto second = second_ran.get_future().share();
+    pool.run([second] { second.wait(); });
+    pool.run([&] {
+      second_ran.set_value();
+      both_done.set_value();
+    });
+    ASSERT_EQ(both_done.get_future().wait_for(seconds(10)), std::future_status::ready);
+    ASSERT_EQ(pool.threads(), 2u);
+  }
+  // The burst wakes one idle thread, once. It takes the first task, which blocks until the
+  // second has run: the second must go to the other idle thread, which only the first one
+  // can wake (no stall is seen while a thread idles).
+  std::promise<void> released;
+  auto release = released.get_future().share();
+  std::promise<void> first_done;
+  {
+    WakeBatch batch;
+    pool.run([&, release] {
+      release.wait();
+      first_done.set_value();
+    });
+    pool.run([&] { released.set_value(); });
+  }
+  EXPECT_EQ(first_done.get_future().wait_for(seconds(10)), std::future_status::ready);
 }
 
 TEST(CallbackPool, AfterCloseTasksRunOnTheCaller) {

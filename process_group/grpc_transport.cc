@@ -13,6 +13,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/wake_batch.h"
 #include "process_group/connection_protocol.h"
 #include "process_group/grpc_outbox.h"
 #include "process_group/grpc_security.h"
@@ -281,6 +282,7 @@ class GrpcTransport final : public Transport, private StreamSide {
   // peer lost) if it was malformed.
   bool deliver(int peer, Buffer& buffer) {
     if (protocol_.is_lost(peer)) return false;  // declared failed: nothing more is believed
+    WakeBatch wakes;  // the threads this read's frames hand work to wake once, at its end
     protocol_.heard_from(peer, Clock::now());
     std::vector<Frame> frames;
     try {
