@@ -282,7 +282,6 @@ class GrpcTransport final : public Transport, private StreamSide {
   // peer lost) if it was malformed.
   bool deliver(int peer, Buffer& buffer) {
     if (protocol_.is_lost(peer)) return false;  // declared failed: nothing more is believed
-    WakeBatch wakes;  // the threads this read's frames hand work to wake once, at its end
     protocol_.heard_from(peer, Clock::now());
     std::vector<Frame> frames;
     try {
@@ -299,6 +298,7 @@ class GrpcTransport final : public Transport, private StreamSide {
 
   // Acts on frames from `peer` (from its gRPC stream or its UCX link) in order.
   void deliver_frames(int peer, std::vector<Frame> frames, bool on_grpc) {
+    WakeBatch wakes;  // the threads these frames hand work to wake once, at the end
     for (auto& frame : frames) {
       if (router_.on_control_frame(peer, frame.header, on_grpc)) continue;
       switch (protocol_.on_frame(peer, frame.header)) {

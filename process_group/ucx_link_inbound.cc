@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 
+#include "common/wake_batch.h"
 #include "process_group/ucx_link_message.h"
 
 namespace drpc {
@@ -321,6 +322,9 @@ void LinkInbound::drain(ucp_worker_h worker, int source) {
   for (InboundMessage* in : link.receiving) {
     if (in->done && !in->parsed) post_bodies(worker, *in, link);
   }
+  // The threads these messages hand work to wake once, when they all are delivered; a
+  // body still being copied in (which can take milliseconds) is outside the batch.
+  WakeBatch wakes;
   while (!link.receiving.empty() && link.receiving.front()->complete()) {
     std::unique_ptr<InboundMessage> in(link.receiving.front());
     link.receiving.pop_front();

@@ -19,7 +19,6 @@
 #include <thread>
 #include <unordered_map>
 
-#include "common/wake_batch.h"
 #include "process_group/frame.h"
 #include "process_group/ucx_link_inbound.h"
 #include "process_group/ucx_link_pieces.h"
@@ -414,7 +413,6 @@ class Links final : public UcxLinks {
   // Progresses the worker, takes in what arrived and hands completed messages on. Returns
   // whether anything happened.
   bool poll_once() {
-    WakeBatch wakes;  // the threads this poll's messages hand work to wake once, at its end
     const bool posted = post_deferred();
     const bool progressed = ucp_worker_progress(worker_) != 0 || posted;
     return inbound_.poll(worker_) || progressed;
