@@ -92,30 +92,50 @@ FuturePtr CallService::serve(const WorkerInfo& from, const Message& request) {
   ValueHooks hooks = rrefs_.hooks(from.id);
   CallArgs args;
   decode_call(call, request.tensors, hooks, &args.args, &args.kwargs);
-  std::vector<c10::IValue> all = args.args;
-  for (const auto& kw : args.kwargs) all.push_back(kw.second);
-  const std::string fn = call.function();
+  FuturePtr confirmed;
+  if (args.kwargs.empty()) {
+    confirmed = rrefs_.confirmations(args.args);
+  } else {
+    std::vector<c10::IValue> all = args.args;
+    for (const auto& kw : args.kwargs) all.push_back(kw.second);
+    confirmed = rrefs_.confirmations(all);
+  }
   const int64_t autograd_context = autograd_.context_of(request.extensions);
-  // The function runs once the owners have confirmed every RRef among its arguments.
-  auto result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
   // A profiled request's trace follows the function if it runs on another thread.
   auto profiled = tracer_.serving();
-  when_done_on_pool(agent_, rrefs_.confirmations(all), [this, fn, args, result, autograd_context, profiled]() mutable {
+  std::string fn = call.function();
+  auto run = [this, autograd_context, profiled](const std::string& fn, CallArgs args) {
     CurrentRuntime current(&runtime_);
     Tracer::Scope scope(&tracer_, profiled);
-    FuturePtr out;
-    {
-      // Calls the function makes belong to the caller's autograd context.
-      CurrentAutogradContext in_context(autograd_, autograd_context);
-      out = functions_.call(fn, std::move(args), agent_.self().name);
+    // Calls the function makes belong to the caller's autograd context.
+    CurrentAutogradContext in_context(autograd_, autograd_context);
+    return functions_.call(fn, std::move(args), agent_.self().name);
+  };
+  auto encode = [](const std::string& fn, const c10::IValue& value, const ValueHooks& hooks) {
+    return message_to_ivalue(encode_result(0, value, ValuePath(fn, ": result"), hooks));
+  };
+  // The function runs once the owners have confirmed every RRef among its arguments:
+  // mostly at once (no RRef, or confirmed), and then, if it finishes at once too, its reply
+  // is encoded here, without the futures and callbacks that chain the other case.
+  FuturePtr out;
+  if (confirmed->completed()) {
+    out = run(fn, std::move(args));
+    if (out->completed() && !out->hasError()) {
+      auto reply = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+      try {
+        reply->markCompleted(encode(fn, out->value(), hooks));
+      } catch (...) {
+        reply->setError(std::current_exception());
+      }
+      return reply;
     }
-    forward_future(out, result);
-  });
-  return result->then(
-      [fn, hooks](c10::ivalue::Future& done) {
-        return message_to_ivalue(encode_result(0, done.value(), ValuePath(fn, ": result"), hooks));
-      },
-      c10::AnyType::get());
+  } else {
+    auto result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+    after_on_pool(agent_, confirmed, [fn, args, result, run]() mutable { forward_future(run(fn, std::move(args)), result); });
+    out = result;
+  }
+  return out->then([fn, hooks, encode](c10::ivalue::Future& done) { return encode(fn, done.value(), hooks); },
+                   c10::AnyType::get());
 }
 
 FuturePtr CallService::run(const std::string& fn, std::vector<c10::IValue> args, Kwargs kwargs,

@@ -161,9 +161,8 @@ class RpcAgent {
   virtual void shutdown(bool graceful) = 0;
 };
 
-// Runs `fn` once `future` completes on one of `agent`'s handler threads (after_on_pool), or
-// at once if it already has (when_done_on_pool: for callers that are on a handler thread).
-// Never on the thread that completes the future, which may be a network thread.
+// Runs `fn` once `future` completes on one of `agent`'s handler threads: never on the thread
+// that completes the future, which may be a network thread.
 inline void after_on_pool(RpcAgent& agent, const FuturePtr& future, std::function<void()> fn) {
   RpcAgent* a = &agent;
   future->addCallback([a, fn = std::move(fn)](c10::ivalue::Future&) mutable { a->run_on_pool(std::move(fn)); });
@@ -190,15 +189,6 @@ inline FuturePtr complete_on_callback_thread(RpcAgent& agent, const FuturePtr& r
     });
   });
   return result;
-}
-
-inline void when_done_on_pool(RpcAgent& agent, const FuturePtr& future, std::function<void()> fn) {
-  if (future->completed()) {
-    fn();
-    return;
-  }
-  RpcAgent* a = &agent;
-  future->addCallback([a, fn = std::move(fn)](c10::ivalue::Future&) mutable { a->run_on_pool(std::move(fn)); });
 }
 
 }  // namespace drpc

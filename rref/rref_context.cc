@@ -185,6 +185,10 @@ FuturePtr ContextImpl::confirmations(const std::vector<c10::IValue>& values) {
   std::vector<c10::intrusive_ptr<RRefImpl>> rrefs;
   for (const auto& v : values) collect_rrefs(v, &rrefs);
   auto all = any_future();
+  if (rrefs.empty()) {  // most calls: nothing to wait for, and no counter to share
+    all->markCompleted(c10::IValue());
+    return all;
+  }
   auto left = std::make_shared<std::atomic<int>>(static_cast<int>(rrefs.size()) + 1);
   auto one_done = [all, left](c10::ivalue::Future&) {
     if (left->fetch_sub(1) == 1) all->markCompleted(c10::IValue());
