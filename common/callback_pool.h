@@ -62,7 +62,7 @@ class CallbackPool {
     }
     // Woken after the lock is released (woken under it, the thread would wake only to
     // block on mu_ again), and once per burst when the caller delivers one (WakeBatch).
-    if (wake_idle_thread) WakeBatch::wake(work_cv_.get(), [cv = work_cv_] { cv->notify_one(); });
+    if (wake_idle_thread) WakeBatch::notify_one(work_cv_);
   }
 
   // Runs what is queued, then stops and joins every thread (a pool thread that calls it

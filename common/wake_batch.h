@@ -9,10 +9,12 @@
 // task before the next is queued and sleeps again, two context switches per message.
 // Without an open batch, wake-ups happen at once.
 //
+// A deliverer about to do long work inside a batch (a large body to copy) flushes it first.
 // Thread-compatible: a batch belongs to the thread that opened it.
 
-#include <functional>
-#include <utility>
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
 #include <vector>
 
 namespace drpc {
@@ -28,24 +30,40 @@ class WakeBatch {
   // them to it.
   ~WakeBatch() {
     if (outer_ != nullptr) return;
+    flush();
     current() = nullptr;
-    for (auto& deferred : deferred_) deferred.second();
   }
 
-  // Calls `wake` when this thread's open batch ends, once per `key` however often it is
-  // asked (the first `wake` given for it), or at once when no batch is open. `wake` must
-  // stay safe to call after its asker is gone (hold what it notifies by shared_ptr), and
-  // is called without the asker's locks: call this without holding them either.
-  static void wake(const void* key, std::function<void()> wake) {
+  // Notifies one waiter of `cv` when this thread's open batch ends (once however often it
+  // is asked), or at once when no batch is open. The batch holds `cv` by shared_ptr, so its
+  // owner may go away first. Call without holding the mutex the waiters use.
+  static void notify_one(const std::shared_ptr<std::condition_variable>& cv) {
     WakeBatch* batch = current();
     if (batch == nullptr) {
-      wake();
+      cv->notify_one();
       return;
     }
-    for (const auto& deferred : batch->deferred_) {
-      if (deferred.first == key) return;
+    for (const auto& owed : batch->owed_) {
+      if (owed == cv) return;
     }
-    batch->deferred_.emplace_back(key, std::move(wake));
+    batch->owed_.push_back(cv);
+  }
+
+  // Makes the wake-ups this thread's open batch owes now; the batch stays open. For a
+  // deliverer about to do long work (copy a large body), so what it delivered before does
+  // not wait for that.
+  static void flush() {
+    WakeBatch* batch = current();
+    if (batch == nullptr) return;
+    std::vector<std::shared_ptr<std::condition_variable>> owed;
+    owed.swap(batch->owed_);
+    for (const auto& cv : owed) cv->notify_one();
+  }
+
+  // How many wake-ups this thread's open batch owes (0 without one).
+  static size_t owed() {
+    WakeBatch* batch = current();
+    return batch == nullptr ? 0 : batch->owed_.size();
   }
 
  private:
@@ -55,7 +73,7 @@ class WakeBatch {
   }
 
   WakeBatch* const outer_;
-  std::vector<std::pair<const void*, std::function<void()>>> deferred_;
+  std::vector<std::shared_ptr<std::condition_variable>> owed_;
 };
 
 }  // namespace drpc
