@@ -16,8 +16,16 @@ constexpr size_t kBodyBytes = 64 * 1024;
 
 }  // namespace
 
+// Segment 0 is kept for the head, so that add_head does not shift the others.
+void LinkPieces::reserve_head_segment() {
+  if (!segments_.empty()) return;
+  segments_.reserve(4);
+  segments_.push_back(ucp_dt_iov_t{nullptr, 0});
+}
+
 void LinkPieces::add_bytes(size_t size, const std::function<void(uint8_t*)>& fill) {
   if (size == 0) return;
+  reserve_head_segment();
   owned_.emplace_back(size);
   fill(owned_.back().data());
   segments_.push_back(ucp_dt_iov_t{owned_.back().data(), size});
@@ -26,6 +34,7 @@ void LinkPieces::add_bytes(size_t size, const std::function<void(uint8_t*)>& fil
 
 void LinkPieces::add_tensor(const at::Tensor& tensor) {
   if (tensor.nbytes() == 0) return;
+  reserve_head_segment();
   tensors_.push_back(tensor);
   if (tensor.nbytes() >= kBodyBytes) {
     LinkBody body;
@@ -39,9 +48,10 @@ void LinkPieces::add_tensor(const at::Tensor& tensor) {
   frames_bytes_ += tensor.nbytes();
 }
 
-void LinkPieces::add_head(const std::string& head) {
-  owned_.emplace_front(head.begin(), head.end());
-  segments_.insert(segments_.begin(), ucp_dt_iov_t{owned_.front().data(), head.size()});
+void LinkPieces::add_head(std::string head) {
+  reserve_head_segment();
+  head_ = std::move(head);
+  segments_[0] = ucp_dt_iov_t{head_.data(), head_.size()};
 }
 
 bool LinkPieces::make_contiguous() {

@@ -7,7 +7,6 @@
 #include <ucp/api/ucp.h>
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,19 +25,26 @@ class LinkPieces final : public FramePieces {
   void add_tensor(const at::Tensor& tensor) override;
 
   // Puts `head` (the prefix and body table) before the frames.
-  void add_head(const std::string& head);
+  void add_head(std::string head);
 
   // Copies the head message into one buffer when it is small and holds no tensor in place;
   // returns whether it did.
   bool make_contiguous();
 
-  std::deque<std::vector<uint8_t>> owned_;
+  // A small message costs a few allocations here (it is built for every call): the vector of
+  // owned pieces allocates nothing until used, their buffers keep their place when it grows,
+  // and the head is kept as given.
+  std::vector<std::vector<uint8_t>> owned_;
+  std::string head_;
   std::vector<at::Tensor> tensors_;  // kept alive until sent
-  std::vector<ucp_dt_iov_t> segments_;
+  std::vector<ucp_dt_iov_t> segments_;  // the head's first (once add_head is called), then the frames'
   std::vector<LinkBody> bodies_;  // their tags are set when the message is posted
   std::vector<void*> body_data_;
   std::vector<uint8_t> contiguous_;
   size_t frames_bytes_ = 0;
+
+ private:
+  void reserve_head_segment();
 };
 
 }  // namespace drpc
