@@ -5,7 +5,6 @@
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
-#include <malloc.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
@@ -94,9 +93,6 @@ int run_rank() {
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
-  // Large frames otherwise fault in fresh pages on every receive (see TOOLCHAIN.md).
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   if (FLAGS_rank >= 0) return run_rank();
 
   auto store = drpc::start_store_server("127.0.0.1", 0);

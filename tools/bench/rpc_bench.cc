@@ -9,7 +9,6 @@
 #include <arpa/inet.h>
 #include <gflags/gflags.h>
 #include <glog/logging.h>
-#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/resource.h>
@@ -255,8 +254,6 @@ int run_worker() {
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);  // large messages otherwise fault in fresh pages
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   if (FLAGS_rank >= 0) return run_worker();
   auto server = drpc::start_store_server("127.0.0.1", 0);
   char self[4096];
