@@ -54,7 +54,7 @@ FuturePtr CallService::rpc_async(const std::string& to, const std::string& fn, s
   FuturePtr reply = send(to, fn, args, kwargs, timeout, &hooks);
   // The reply completes on a network thread; the user's future, and whatever its
   // callbacks do, on a callback thread.
-  return complete_on_callback_thread(agent_, reply, [hooks](const c10::IValue& done) {
+  return complete_on_callback_thread(agent_, reply, [hooks = std::move(hooks)](const c10::IValue& done) {
     return decode_result(message_from_ivalue(done), hooks);
   });
 }

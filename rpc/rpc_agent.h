@@ -175,8 +175,10 @@ inline FuturePtr complete_on_callback_thread(RpcAgent& agent, const FuturePtr& r
                                              std::function<c10::IValue(const c10::IValue&)> decode) {
   auto result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
   RpcAgent* a = &agent;
-  reply->addCallback([a, result, decode = std::move(decode)](c10::ivalue::Future& done) {
-    a->run_callback([result, decode, done = FuturePtr::reclaim_copy(&done)] {
+  // Moved, not copied, from closure to closure: a decoder holds the call's RRef hooks, whose
+  // copies allocate.
+  reply->addCallback([a, result, decode = std::move(decode)](c10::ivalue::Future& done) mutable {
+    a->run_callback([result, decode = std::move(decode), done = FuturePtr::reclaim_copy(&done)] {
       if (done->hasError()) {
         result->setError(done->exception_ptr());
         return;
