@@ -138,7 +138,7 @@ std::string describe_meta(const pg::TensorMeta& meta) {
   return out + "]";
 }
 
-at::Tensor tensor_from_body(const Frame& frame, const pg::TensorMeta& meta, size_t offset) {
+at::Tensor tensor_from_body(const Frame& frame, const pg::TensorMeta& meta, size_t offset, BufferPool* pool) {
   std::vector<int64_t> sizes(meta.sizes().begin(), meta.sizes().end());
   const auto dtype = static_cast<c10::ScalarType>(meta.dtype());
   // Large tensors whose bytes arrived in one aligned piece are used in place: the tensor
@@ -160,8 +160,17 @@ at::Tensor tensor_from_body(const Frame& frame, const pg::TensorMeta& meta, size
       break;
     }
   }
-  at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(
-                                      static_cast<c10::ScalarType>(meta.dtype())));
+  // Copied into a reused buffer when large: copied into fresh memory, every 4 KiB page
+  // faults on its first write.
+  constexpr size_t kPooledBytes = 1 << 20;
+  if (pool != nullptr && meta.nbytes() >= kPooledBytes) {
+    if (std::shared_ptr<uint8_t> buffer = pool->take(meta.nbytes())) {
+      frame.copy_body(offset, buffer.get(), meta.nbytes());
+      uint8_t* data = buffer.get();
+      return at::from_blob(data, sizes, [buffer = std::move(buffer)](void*) {}, at::TensorOptions().dtype(dtype));
+    }
+  }
+  at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(dtype));
   frame.copy_body(offset, t.data_ptr(), meta.nbytes());
   return t;
 }

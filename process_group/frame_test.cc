@@ -183,6 +183,34 @@ TEST(Frame, LargeTensorsInOneAlignedPieceAreUsedInPlace) {
   EXPECT_TRUE(at::equal(copied, source));
 }
 
+TEST(Frame, LargeTensorsCopiedOutOfPiecesReuseThePoolsBuffers) {
+  at::Tensor source = at::arange(1 << 19, at::kFloat);  // 2 MiB
+  const auto* bytes = static_cast<const uint8_t*>(source.data_ptr());
+  Frame split;  // in two pieces (as gRPC delivers a large message): copied out
+  split.body.push_back(ByteSpan{bytes, 1000});
+  split.body.push_back(ByteSpan{bytes + 1000, source.nbytes() - 1000});
+  const pg::TensorMeta m = meta(at::kFloat, {1 << 19}, source.nbytes());
+  auto pool = std::make_shared<BufferPool>(64u << 20);
+  void* first_buffer = nullptr;
+  {
+    at::Tensor received = tensor_from_body(split, m, 0, pool.get());
+    EXPECT_TRUE(at::equal(received, source));
+    first_buffer = received.data_ptr();
+  }  // freed: its buffer goes back to the pool
+  EXPECT_GE(pool->pooled_bytes(), source.nbytes());
+  at::Tensor again = tensor_from_body(split, m, 0, pool.get());
+  EXPECT_EQ(again.data_ptr(), first_buffer);
+  EXPECT_EQ(pool->pooled_bytes(), 0u);
+  EXPECT_TRUE(at::equal(again, source));
+  // While one is in use, the next gets a buffer of its own.
+  at::Tensor other = tensor_from_body(split, m, 0, pool.get());
+  EXPECT_NE(other.data_ptr(), again.data_ptr());
+  EXPECT_TRUE(at::equal(other, source));
+  // A tensor may outlive the pool's owner: it holds the pool.
+  pool.reset();
+  EXPECT_TRUE(at::equal(other, source));
+}
+
 // Collects encode_frame's pieces as a transport would: copies in buffers of their own,
 // tensors in place (kept alive here).
 class CollectedPieces final : public FramePieces {

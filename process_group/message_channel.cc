@@ -63,9 +63,10 @@ void MessageChannel::set_message_listener(MessageListener listener) {
 void MessageChannel::on_frame(Frame frame) {
   PgMessage message;
   message.header = std::move(*frame.header.mutable_payload());
+  message.tensors.reserve(frame.header.tensors_size());
   size_t offset = 0;
   for (const auto& meta : frame.header.tensors()) {
-    message.tensors.push_back(tensor_from_body(frame, meta, offset));
+    message.tensors.push_back(tensor_from_body(frame, meta, offset, large_tensors_.get()));
     offset += meta.nbytes();
   }
   std::lock_guard<std::mutex> deliver(listener_mu_);

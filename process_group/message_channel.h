@@ -6,6 +6,7 @@
 #include <atomic>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 
@@ -50,6 +51,9 @@ class MessageChannel final : public MessagePort {
   // Held while calling the listener, so messages reach it one at a time and in order.
   std::mutex listener_mu_;
   MessageListener listener_;  // written under both listener_mu_ and mu_
+
+  // Buffers for large tensors that arrive in pieces (on gRPC links) and are copied out.
+  const std::shared_ptr<BufferPool> large_tensors_ = std::make_shared<BufferPool>(256u << 20);
 };
 
 }  // namespace drpc

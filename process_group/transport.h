@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "process_group/buffer_pool.h"
 #include "process_group/proto/frame.pb.h"
 
 namespace drpc {
@@ -110,8 +111,12 @@ void validate_frame(const pg::FrameHeader& header, size_t body_size);
 // A human-readable dtype and shape, e.g. "Float[2, 3]".
 std::string describe_meta(const pg::TensorMeta& meta);
 
-// A new tensor with `meta`'s dtype and shape, holding the body bytes from `offset`.
-at::Tensor tensor_from_body(const Frame& frame, const pg::TensorMeta& meta, size_t offset);
+// A new tensor with `meta`'s dtype and shape, holding the body bytes from `offset`: in
+// place when they arrived in one aligned piece, else copied, into a buffer from `pool`
+// (which must outlive the call; the tensor keeps what it needs) when one is given and the
+// tensor is large.
+at::Tensor tensor_from_body(const Frame& frame, const pg::TensorMeta& meta, size_t offset,
+                            BufferPool* pool = nullptr);
 
 // The most header bytes one frame may claim; a longer header is malformed.
 constexpr uint32_t kMaxFrameHeaderBytes = 16 << 20;

@@ -11,13 +11,14 @@
 #include <map>
 
 #include "common/wake_batch.h"
+#include "process_group/buffer_pool.h"
 #include "process_group/ucx_link_message.h"
 
 namespace drpc {
 namespace {
 
-constexpr size_t kAlignment = 64;
-// Freed body buffers kept for reuse, at most this many bytes per process.
+constexpr size_t kAlignment = BufferPool::kAlignment;
+// Freed body buffers kept for reuse, at most this many bytes per rank's links.
 constexpr size_t kPooledBytes = 256u << 20;
 constexpr ucp_tag_t kExactTag = ~ucp_tag_t{0};
 
@@ -54,53 +55,6 @@ struct MessageBuffers {
 
 }  // namespace
 
-// Keeps freed body buffers for the next bodies: a fresh buffer costs a page fault per 4 KiB
-// when UCX writes it, which for a large tensor costs about as much as the copy itself.
-class BodyBufferPool final : public std::enable_shared_from_this<BodyBufferPool> {
- public:
-  ~BodyBufferPool() {
-    for (auto& [capacity, memory] : free_) std::free(memory);
-  }
-
-  // A buffer of at least `size` bytes, aligned to kAlignment; null when memory runs out.
-  // It returns here when its last user lets go. Thread-safe.
-  std::shared_ptr<uint8_t> take(size_t size) {
-    const size_t capacity = (std::max<size_t>(size, 1) + 4095) / 4096 * 4096;
-    if (capacity < size) return nullptr;
-    uint8_t* memory = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.lower_bound(capacity);
-      if (it != free_.end() && it->first / 2 <= capacity) {  // not more than twice what is asked
-        memory = it->second;
-        pooled_bytes_ -= it->first;
-        free_.erase(it);
-      }
-    }
-    if (memory == nullptr) memory = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity));
-    if (memory == nullptr) return nullptr;
-    auto pool = shared_from_this();  // the buffer may outlive the links
-    return std::shared_ptr<uint8_t>(memory, [pool, capacity](uint8_t* p) { pool->give_back(p, capacity); });
-  }
-
- private:
-  void give_back(uint8_t* memory, size_t capacity) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (pooled_bytes_ + capacity <= kPooledBytes) {
-        free_.emplace(capacity, memory);
-        pooled_bytes_ += capacity;
-        return;
-      }
-    }
-    std::free(memory);
-  }
-
-  std::mutex mu_;
-  std::multimap<size_t, uint8_t*> free_;  // capacity -> buffer; guarded by mu_
-  size_t pooled_bytes_ = 0;               // guarded by mu_
-};
-
 // A received message: its head, then its bodies.
 struct InboundMessage {
   int source;
@@ -133,7 +87,7 @@ struct InboundMessage {
 };
 
 LinkInbound::LinkInbound(int rank, int size, UcxLinkSink& sink)
-    : rank_(rank), size_(size), sink_(sink), pool_(std::make_shared<BodyBufferPool>()) {
+    : rank_(rank), size_(size), sink_(sink), pool_(std::make_shared<BufferPool>(kPooledBytes)) {
   for (int r = 0; r < size; ++r) {
     peers_.push_back(std::make_unique<Peer>());
     peers_.back()->secret = random_link_secret();

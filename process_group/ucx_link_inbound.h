@@ -28,7 +28,7 @@
 namespace drpc {
 
 struct InboundMessage;
-class BodyBufferPool;
+class BufferPool;
 
 class LinkInbound {
  public:
@@ -99,7 +99,7 @@ class LinkInbound {
   UcxLinkSink& sink_;
   std::vector<std::unique_ptr<Peer>> peers_;
   std::unordered_set<InboundMessage*> strays_;  // from no known peer, received only to be dropped
-  const std::shared_ptr<BodyBufferPool> pool_;
+  const std::shared_ptr<BufferPool> pool_;
 };
 
 }  // namespace drpc
