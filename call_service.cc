@@ -103,15 +103,14 @@ FuturePtr CallService::serve(const WorkerInfo& from, const Message& request) {
   const int64_t autograd_context = autograd_.context_of(request.extensions);
   // A profiled request's trace follows the function if it runs on another thread.
   auto profiled = tracer_.serving();
-  std::string fn = call.function();
-  auto run = [this, autograd_context, profiled](const std::string& fn, CallArgs args) {
+  auto run = [this, fn = call.function(), autograd_context, profiled](CallArgs args) {
     CurrentRuntime current(&runtime_);
     Tracer::Scope scope(&tracer_, profiled);
     // Calls the function makes belong to the caller's autograd context.
     CurrentAutogradContext in_context(autograd_, autograd_context);
     return functions_.call(fn, std::move(args), agent_.self().name);
   };
-  auto encode = [](const std::string& fn, const c10::IValue& value, const ValueHooks& hooks) {
+  auto encode = [fn = call.function(), hooks = std::move(hooks)](const c10::IValue& value) {
     return message_to_ivalue(encode_result(0, value, ValuePath(fn, ": result"), hooks));
   };
   // The function runs once the owners have confirmed every RRef among its arguments:
@@ -119,11 +118,11 @@ FuturePtr CallService::serve(const WorkerInfo& from, const Message& request) {
   // is encoded here, without the futures and callbacks that chain the other case.
   FuturePtr out;
   if (confirmed->completed()) {
-    out = run(fn, std::move(args));
+    out = run(std::move(args));
     if (out->completed() && !out->hasError()) {
       auto reply = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
       try {
-        reply->markCompleted(encode(fn, out->value(), hooks));
+        reply->markCompleted(encode(out->value()));
       } catch (...) {
         reply->setError(std::current_exception());
       }
@@ -131,10 +130,12 @@ FuturePtr CallService::serve(const WorkerInfo& from, const Message& request) {
     }
   } else {
     auto result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
-    after_on_pool(agent_, confirmed, [fn, args, result, run]() mutable { forward_future(run(fn, std::move(args)), result); });
+    after_on_pool(agent_, confirmed, [args = std::move(args), result, run]() mutable {
+      forward_future(run(std::move(args)), result);
+    });
     out = result;
   }
-  return out->then([fn, hooks, encode](c10::ivalue::Future& done) { return encode(fn, done.value(), hooks); },
+  return out->then([encode = std::move(encode)](c10::ivalue::Future& done) { return encode(done.value()); },
                    c10::AnyType::get());
 }
 

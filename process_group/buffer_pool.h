@@ -15,10 +15,13 @@ namespace drpc {
 class BufferPool final : public std::enable_shared_from_this<BufferPool> {
  public:
   static constexpr size_t kAlignment = 64;
+  // What a pool keeps by default: its owner's (a rank's UCX links', a message channel's)
+  // share of a process's memory held for reuse.
+  static constexpr size_t kDefaultMaxPooledBytes = 256u << 20;
 
   // Keeps at most `max_pooled_bytes` of freed buffers. Create with make_shared: buffers
   // hold the pool, so they may outlive its owner.
-  explicit BufferPool(size_t max_pooled_bytes) : max_pooled_bytes_(max_pooled_bytes) {}
+  explicit BufferPool(size_t max_pooled_bytes = kDefaultMaxPooledBytes) : max_pooled_bytes_(max_pooled_bytes) {}
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
   ~BufferPool();

@@ -160,10 +160,9 @@ at::Tensor tensor_from_body(const Frame& frame, const pg::TensorMeta& meta, size
       break;
     }
   }
-  // Copied into a reused buffer when large: copied into fresh memory, every 4 KiB page
-  // faults on its first write.
-  constexpr size_t kPooledBytes = 1 << 20;
-  if (pool != nullptr && meta.nbytes() >= kPooledBytes) {
+  // A large copy goes into a reused buffer (buffer_pool.h says why).
+  constexpr size_t kPooledTensorBytes = 1 << 20;
+  if (pool != nullptr && meta.nbytes() >= kPooledTensorBytes) {
     if (std::shared_ptr<uint8_t> buffer = pool->take(meta.nbytes())) {
       frame.copy_body(offset, buffer.get(), meta.nbytes());
       uint8_t* data = buffer.get();

@@ -53,7 +53,7 @@ class MessageChannel final : public MessagePort {
   MessageListener listener_;  // written under both listener_mu_ and mu_
 
   // Buffers for large tensors that arrive in pieces (on gRPC links) and are copied out.
-  const std::shared_ptr<BufferPool> large_tensors_ = std::make_shared<BufferPool>(256u << 20);
+  const std::shared_ptr<BufferPool> large_tensors_ = std::make_shared<BufferPool>();
 };
 
 }  // namespace drpc

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
-#include <map>
 
 #include "common/wake_batch.h"
 #include "process_group/buffer_pool.h"
@@ -18,8 +17,6 @@ namespace drpc {
 namespace {
 
 constexpr size_t kAlignment = BufferPool::kAlignment;
-// Freed body buffers kept for reuse, at most this many bytes per rank's links.
-constexpr size_t kPooledBytes = 256u << 20;
 constexpr ucp_tag_t kExactTag = ~ucp_tag_t{0};
 
 // How long release_placements waits for a live peer's body to land before it gives up.
@@ -87,7 +84,7 @@ struct InboundMessage {
 };
 
 LinkInbound::LinkInbound(int rank, int size, UcxLinkSink& sink)
-    : rank_(rank), size_(size), sink_(sink), pool_(std::make_shared<BufferPool>(kPooledBytes)) {
+    : rank_(rank), size_(size), sink_(sink), pool_(std::make_shared<BufferPool>()) {
   for (int r = 0; r < size; ++r) {
     peers_.push_back(std::make_unique<Peer>());
     peers_.back()->secret = random_link_secret();
