@@ -17,6 +17,7 @@ using drpc::ByteSpan;
 using drpc::Error;
 using drpc::ErrorKind;
 using drpc::Frame;
+using drpc::FrameTensor;
 
 // Decodes; returns false (after checking the error's kind) for rejected input.
 bool decode(const std::vector<ByteSpan>& pieces, std::vector<Frame>* frames, std::string* error) {
@@ -57,17 +58,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t f = 0; f < frames.size(); ++f) {
     const Frame& frame = frames[f];
     FUZZ_CHECK(frame.header.SerializeAsString() == sliced[f].header.SerializeAsString(), "slicing changed a header");
+    FUZZ_CHECK(frame.tensors.size() == sliced[f].tensors.size(), "slicing changed the tensor count");
+    for (size_t i = 0; i < frame.tensors.size(); ++i) {
+      const FrameTensor& x = frame.tensors[i];
+      const FrameTensor& y = sliced[f].tensors[i];
+      FUZZ_CHECK(x.dtype == y.dtype && x.sizes == y.sizes && x.nbytes == y.nbytes, "slicing changed a tensor's shape");
+    }
     const std::string body = body_bytes(frame);
     FUZZ_CHECK(body == body_bytes(sliced[f]), "slicing changed a body");
     size_t offset = 0;
-    for (const auto& meta : frame.header.tensors()) {
+    for (const auto& meta : frame.tensors) {
       // Validated frames materialise without any error: an exception here escapes.
       at::Tensor t = drpc::tensor_from_body(frame, meta, offset);
-      FUZZ_CHECK(t.nbytes() == meta.nbytes(), "tensor of " + drpc::describe_meta(meta) + " has the wrong size");
+      FUZZ_CHECK(t.nbytes() == meta.nbytes, "tensor of " + drpc::describe_meta(meta) + " has the wrong size");
       FUZZ_CHECK(t.is_contiguous(), "tensor not contiguous");
       FUZZ_CHECK(t.nbytes() == 0 || std::memcmp(t.data_ptr(), body.data() + offset, t.nbytes()) == 0,
                  "tensor bytes differ from the frame's");
-      offset += meta.nbytes();
+      offset += meta.nbytes;
     }
     FUZZ_CHECK(offset == body.size(), "tensors do not cover the body");
   }

@@ -63,9 +63,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (size_t i = 0; i < owners.size(); ++i) {
       bool found = false;
       for (const auto& frame : frames) {
-        if (owners[i].tensor < 0 || owners[i].tensor >= frame.header.tensors_size()) continue;
+        if (owners[i].tensor < 0 || owners[i].tensor >= static_cast<int>(frame.tensors.size())) continue;
         size_t offset = 0;
-        for (int t = 0; t < owners[i].tensor; ++t) offset += frame.header.tensors(t).nbytes();
+        for (int t = 0; t < owners[i].tensor; ++t) offset += frame.tensors[t].nbytes;
         size_t skip = offset;
         const uint8_t* start = nullptr;
         for (const auto& span : frame.body) {

@@ -22,6 +22,7 @@
 #include "dist_autograd/dist_autograd.h"
 #include "common/error_wire.h"
 #include "fuzz/world.h"
+#include "process_group/frame.h"
 #include "process_group/transport.h"
 #include "process_group/ucx_link_message.h"
 #include "rpc/value_codec.h"
@@ -34,16 +35,23 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// [u32 little-endian header length][FrameHeader][tensor bytes]: the wire format that
-// process_group/frame.cc decodes (the gRPC transport writes the same, in slices).
+// One frame as the transports write it (process_group/frame.cc's encode_frame, whose
+// format decode_wire_frames reads), its pieces concatenated.
 std::string wire_frame(pg::FrameHeader header, const std::vector<at::Tensor>& tensors) {
-  describe_tensors(tensors, &header);
-  const std::string head = header.SerializeAsString();
-  const uint32_t len = static_cast<uint32_t>(head.size());
-  std::string out(reinterpret_cast<const char*>(&len), 4);
-  out += head;
-  for (const auto& t : tensors) out.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
-  return out;
+  struct Concatenated final : FramePieces {
+    std::string bytes;
+    void add_bytes(size_t size, const std::function<void(uint8_t*)>& fill) override {
+      const size_t at = bytes.size();
+      bytes.resize(at + size);
+      fill(reinterpret_cast<uint8_t*>(bytes.data() + at));
+    }
+    void add_tensor(const at::Tensor& t) override {
+      bytes.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    }
+  } out;
+  if (header.kind() != pg::FrameHeader::MESSAGE) describe_tensors(tensors, &header);
+  encode_frame(header, tensors, out);
+  return out.bytes;
 }
 
 // A message as rank 1's process group would frame it: the agent's envelope (as

@@ -210,9 +210,9 @@ void run_message_input(const uint8_t* data, size_t size, const std::function<boo
     if (!envelope.ParseFromString(frame.header.payload()) || !wanted(envelope)) continue;
     PgMessage message{frame.header.payload(), {}};
     size_t offset = 0;
-    for (const auto& meta : frame.header.tensors()) {
+    for (const auto& meta : frame.tensors) {
       message.tensors.push_back(tensor_from_body(frame, meta, offset));
-      offset += meta.nbytes();
+      offset += meta.nbytes;
     }
     messages.push_back(std::move(message));
   }

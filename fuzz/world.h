@@ -76,8 +76,8 @@ class World {
 // so rank 0's replies to them are dropped as unknown there.
 constexpr int64_t kInjectedRequestId = int64_t{1} << 40;
 
-// Runs one fuzz input, a network message of wire frames ([u32 header length][FrameHeader]
-// [tensor bytes], as process_group/frame.cc decodes them), through a fresh World: every
+// Runs one fuzz input, a network message of wire frames (as process_group/frame.cc's
+// decode_wire_frames reads them), through a fresh World: every
 // MESSAGE frame whose envelope `wanted` accepts is injected at rank 0 after
 // build_state(). Inputs the frame decoder rejects (with kProtocol) end there.
 void run_message_input(const uint8_t* data, size_t size, const std::function<bool(const rpc::Envelope&)>& wanted);

@@ -2,8 +2,8 @@
 
 // Internal to //process_group: how a frame is written to the wire, as pieces a transport
 // can send without copying large tensors. The format is the one decode_wire_frames
-// (transport.h, frame.cc) reads: [u32 little-endian header length][FrameHeader][tensor
-// bytes, in order]. No gRPC type here.
+// (transport.h, frame.cc) reads: [u32 little-endian length word][header][tensor bytes, in
+// order]. No gRPC type here.
 
 #include <ATen/core/Tensor.h>
 
@@ -33,9 +33,13 @@ class FramePieces {
 };
 
 // Appends one frame: `header` (whose tensor metas the caller filled, see describe_tensors)
-// and the bytes of `tensors` (contiguous CPU tensors). The length prefix, the header and
-// the leading run of tensors of at most kInlineTensorBytes make the first piece; after
-// it, each non-empty tensor is a piece of its own, copied if small, else in place.
+// and the bytes of `tensors` (contiguous CPU tensors). A MESSAGE header goes flat instead:
+// the tensors' dtypes and shapes, read from `tensors`, then its payload; nothing else of it.
+// The length word, the header and the leading run of tensors of at most kInlineTensorBytes
+// make the first piece; after it, each non-empty tensor is a piece of its own, copied if
+// small, else in place. Throws kBadArgument, before adding any piece, for a header over
+// kMaxFrameHeaderBytes, more than kMaxFrameTensors tensors in a MESSAGE or one with more
+// than 64 dims.
 void encode_frame(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors, FramePieces& out);
 
 }  // namespace drpc

@@ -5,8 +5,11 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/tensor.h>
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 #include "process_group/frame.h"
 #include "process_group/transport.h"
@@ -158,7 +161,7 @@ TEST(Frame, TheWireDecoderReadsFramesAcrossSlices) {
   EXPECT_EQ(frames[0].source, 3);
   EXPECT_EQ(frames[0].header.tag(), 7);
   EXPECT_EQ(frames[0].keepalive, keepalive);
-  at::Tensor t = tensor_from_body(frames[0], frames[0].header.tensors(0), 0);
+  at::Tensor t = tensor_from_body(frames[0], frames[0].tensors[0], 0);
   EXPECT_TRUE(at::equal(t, at::tensor({1, -2, 3}, at::kInt)));
   EXPECT_EQ(frames[1].header.kind(), pg::FrameHeader::GOODBYE);
   EXPECT_EQ(frames[1].body_size(), 0u);
@@ -169,7 +172,7 @@ TEST(Frame, LargeTensorsInOneAlignedPieceAreUsedInPlace) {
   Frame frame;
   frame.body.push_back(ByteSpan{static_cast<const uint8_t*>(source.data_ptr()), source.nbytes()});
   frame.keepalive = std::make_shared<at::Tensor>(source);
-  at::Tensor received = tensor_from_body(frame, meta(at::kFloat, {1 << 16}, source.nbytes()), 0);
+  at::Tensor received = tensor_from_body(frame, frame_tensor(meta(at::kFloat, {1 << 16}, source.nbytes())), 0);
   EXPECT_EQ(received.data_ptr(), source.data_ptr());
   EXPECT_TRUE(at::equal(received, source));
 
@@ -178,7 +181,7 @@ TEST(Frame, LargeTensorsInOneAlignedPieceAreUsedInPlace) {
   const auto* bytes = static_cast<const uint8_t*>(source.data_ptr());
   split.body.push_back(ByteSpan{bytes, 1000});
   split.body.push_back(ByteSpan{bytes + 1000, source.nbytes() - 1000});
-  at::Tensor copied = tensor_from_body(split, meta(at::kFloat, {1 << 16}, source.nbytes()), 0);
+  at::Tensor copied = tensor_from_body(split, frame_tensor(meta(at::kFloat, {1 << 16}, source.nbytes())), 0);
   EXPECT_NE(copied.data_ptr(), source.data_ptr());
   EXPECT_TRUE(at::equal(copied, source));
 }
@@ -189,7 +192,7 @@ TEST(Frame, LargeTensorsCopiedOutOfPiecesReuseThePoolsBuffers) {
   Frame split;  // in two pieces (as gRPC delivers a large message): copied out
   split.body.push_back(ByteSpan{bytes, 1000});
   split.body.push_back(ByteSpan{bytes + 1000, source.nbytes() - 1000});
-  const pg::TensorMeta m = meta(at::kFloat, {1 << 19}, source.nbytes());
+  const FrameTensor m = frame_tensor(meta(at::kFloat, {1 << 19}, source.nbytes()));
   auto pool = std::make_shared<BufferPool>(64u << 20);
   void* first_buffer = nullptr;
   {
@@ -275,15 +278,121 @@ TEST(Frame, EncodedFramesDecodeToTheSameHeadersAndTensors) {
   EXPECT_EQ(frames[0].header.SerializeAsString(), first.SerializeAsString());
   size_t offset = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const pg::TensorMeta& m = frames[0].header.tensors(static_cast<int>(i));
+    const FrameTensor& m = frames[0].tensors[i];
     at::Tensor t = tensor_from_body(frames[0], m, offset);
     EXPECT_TRUE(at::equal(t, tensors[i])) << "tensor " << i;
     EXPECT_EQ(t.sizes(), tensors[i].sizes()) << "tensor " << i;
-    offset += m.nbytes();
+    offset += m.nbytes;
   }
   EXPECT_EQ(offset, frames[0].body_size());
   EXPECT_EQ(frames[1].header.kind(), pg::FrameHeader::GOODBYE);
   EXPECT_EQ(frames[1].body_size(), 0u);
+}
+
+TEST(Frame, MessageFramesTravelWithAFlatHeader) {
+  const std::vector<at::Tensor> tensors = {
+      at::arange(5, at::kInt),
+      at::empty({0, 3}, at::kFloat),
+      at::scalar_tensor(2.5, at::kDouble),  // no dims
+      at::arange(1 << 14, at::kFloat),  // 64 KiB: in place
+      at::ones({2, 2}, at::kBool),
+  };
+  const std::string payload("the agent's header, \0 and all", 29);
+  pg::FrameHeader header;
+  header.set_kind(pg::FrameHeader::MESSAGE);
+  header.set_payload(payload);
+  CollectedPieces out;
+  encode_frame(header, tensors, out);
+  encode_frame(header, {}, out);  // and one without tensors
+
+  // [word][u32 count][per tensor: dtype, dims, sizes][payload], then the leading small tensors.
+  const size_t flat_size = 4 + (2 + 8) + (2 + 16) + 2 + (2 + 8) + (2 + 16) + payload.size();
+  ASSERT_EQ(out.pieces.size(), 4u);
+  uint32_t word = 0;
+  std::memcpy(&word, out.pieces[0].data, 4);
+  EXPECT_EQ(word, kFlatMessageBit | flat_size);
+  EXPECT_EQ(out.pieces[0].size, 4 + flat_size + 20 + 0 + 8);
+  EXPECT_EQ(out.pieces[1].data, tensors[3].data_ptr());
+
+  // Decoded whole and cut into pieces at every byte of the first header.
+  std::string bytes;
+  for (const auto& piece : out.pieces) bytes.append(reinterpret_cast<const char*>(piece.data), piece.size);
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  for (size_t cut = 0; cut <= 4 + flat_size; cut += 7) {
+    std::vector<ByteSpan> pieces = {{data, cut}, {data + cut, bytes.size() - cut}};
+    std::vector<Frame> frames = decode_wire_frames(pieces, nullptr, 1);
+    ASSERT_EQ(frames.size(), 2u);
+    for (const Frame& frame : frames) {
+      EXPECT_EQ(frame.header.kind(), pg::FrameHeader::MESSAGE);
+      EXPECT_EQ(frame.header.payload(), payload);
+      EXPECT_EQ(frame.header.tensors_size(), 0);
+    }
+    ASSERT_EQ(frames[0].tensors.size(), tensors.size());
+    EXPECT_TRUE(frames[1].tensors.empty());
+    size_t offset = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const FrameTensor& m = frames[0].tensors[i];
+      EXPECT_EQ(m.dtype, static_cast<int32_t>(tensors[i].scalar_type())) << "tensor " << i;
+      EXPECT_EQ(m.nbytes, tensors[i].nbytes()) << "tensor " << i;
+      at::Tensor t = tensor_from_body(frames[0], m, offset);
+      EXPECT_EQ(t.sizes(), tensors[i].sizes()) << "tensor " << i;
+      EXPECT_TRUE(at::equal(t, tensors[i])) << "tensor " << i;
+      offset += m.nbytes;
+    }
+    EXPECT_EQ(offset, frames[0].body_size());
+  }
+}
+
+// A flat MESSAGE frame: `count`, then each tensor as (dtype, dims, sizes), then `payload`.
+std::string flat_message(uint32_t count, const std::vector<std::pair<uint8_t, std::vector<int64_t>>>& shapes,
+                         const std::string& payload, const std::string& body, int64_t cut_header = 0) {
+  std::string head(reinterpret_cast<const char*>(&count), 4);
+  for (const auto& [dtype, sizes] : shapes) {
+    head += static_cast<char>(dtype);
+    head += static_cast<char>(sizes.size());
+    for (int64_t size : sizes) head.append(reinterpret_cast<const char*>(&size), 8);
+  }
+  head += payload;
+  head.resize(head.size() - cut_header);
+  const uint32_t word = kFlatMessageBit | static_cast<uint32_t>(head.size());
+  return std::string(reinterpret_cast<const char*>(&word), 4) + head + body;
+}
+
+TEST(Frame, MalformedFlatMessageHeadersAreProtocolErrors) {
+  const uint8_t kFloat = static_cast<uint8_t>(at::kFloat);
+  const std::string eight(8, 'x');
+  EXPECT_EQ(decode_error(flat_message(1, {{kFloat, {2}}}, "p", eight)).kind(), ErrorKind::kInternal);  // well formed
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {flat_message(0, {}, "", "", 4), "message header shorter than its tensor count"},
+      {flat_message(kMaxFrameTensors + 1, {}, "", ""), "frame lists 65537 tensors, more than the 65536 a frame may carry"},
+      {flat_message(2, {{kFloat, {2}}}, "", eight), "message header ends inside tensor 1"},
+      {flat_message(1, {{kFloat, {2, 3}}}, "", eight, 1), "message header ends inside tensor 0's shape"},
+      {flat_message(1, {{99, {2}}}, "", eight), "frame tensor 0: unknown dtype 99"},
+      {flat_message(1, {{kFloat, std::vector<int64_t>(65, 1)}}, "", "x"), "frame tensor 0: more than 64 dims"},
+      {flat_message(1, {{kFloat, {-1}}}, "", ""), "frame tensor 0: negative size"},
+      {flat_message(1, {{kFloat, {int64_t{1} << 62, int64_t{1} << 62}}}, "", ""), "frame tensor 0: size overflows"},
+      {flat_message(1, {{kFloat, {3}}}, "", eight), "frame tensor 0 claims 12 bytes but the message holds only 8 more"},
+  };
+  for (const auto& [bytes, message] : cases) {
+    const Error e = decode_error(bytes);
+    EXPECT_EQ(e.kind(), ErrorKind::kProtocol) << message;
+    EXPECT_EQ(e.message(), message);
+  }
+}
+
+TEST(Frame, AMessageWithAHeaderPastTheLimitIsRefusedAtTheSender) {
+  pg::FrameHeader header;
+  header.set_kind(pg::FrameHeader::MESSAGE);
+  header.set_payload(std::string(kMaxFrameHeaderBytes, 'p'));
+  CollectedPieces out;
+  try {
+    encode_frame(header, {}, out);
+    ADD_FAILURE() << "encoded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+    EXPECT_EQ(e.message(), "a frame's header is at most 16777216 bytes, this one 16777220");
+  }
+  EXPECT_TRUE(out.pieces.empty());
 }
 
 TEST(Frame, AFrameWithoutTensorsIsItsLengthPrefixAndHeader) {

@@ -152,6 +152,8 @@ class InMemoryTransport final : public Transport {
     auto copies = std::make_shared<std::vector<at::Tensor>>();
     Frame frame;
     frame.header = header;
+    frame.tensors = frame_tensors(tensors);
+    if (header.kind() == pg::FrameHeader::MESSAGE) check_tensor_count(tensors.size());
     at::Tensor placed =
         tensors.size() == 1 ? fabric_->take_placement(dst, rank_, header, tensors[0].nbytes()) : at::Tensor();
     for (const auto& t : tensors) {

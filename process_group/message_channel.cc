@@ -27,10 +27,9 @@ WorkPtr MessageChannel::send_message(int dst_rank, const PgMessage& message) {
     check_dense_cpu(t, "send_message");
     contiguous.push_back(t.contiguous());
   }
-  pg::FrameHeader header;
+  pg::FrameHeader header;  // the tensors' shapes go in the flat header encode_frame writes
   header.set_kind(pg::FrameHeader::MESSAGE);
   header.set_payload(message.header);
-  describe_tensors(contiguous, &header);
   auto work = std::make_shared<Work>([dst_rank] { return "message to rank " + std::to_string(dst_rank); });
   transport_->send(dst_rank, header, contiguous, [work](std::exception_ptr error) {
     if (error) {
@@ -63,11 +62,11 @@ void MessageChannel::set_message_listener(MessageListener listener) {
 void MessageChannel::on_frame(Frame frame) {
   PgMessage message;
   message.header = std::move(*frame.header.mutable_payload());
-  message.tensors.reserve(frame.header.tensors_size());
+  message.tensors.reserve(frame.tensors.size());
   size_t offset = 0;
-  for (const auto& meta : frame.header.tensors()) {
+  for (const auto& meta : frame.tensors) {
     message.tensors.push_back(tensor_from_body(frame, meta, offset, large_tensors_.get()));
-    offset += meta.nbytes();
+    offset += meta.nbytes;
   }
   std::lock_guard<std::mutex> deliver(listener_mu_);
   {

@@ -54,19 +54,19 @@ WorkPtr P2PMatcher::recv(const std::vector<at::Tensor>& tensors, int src_rank, i
   auto work = std::make_shared<Work>(what);
   Waiter waiter{src_rank, tag, nullptr, nullptr};
   waiter.on_frame = [work, tensors, what](Frame& frame) {
-    const auto& metas = frame.header.tensors();
+    const auto& metas = frame.tensors;
     auto mismatch = [&](const std::string& detail) {
       work->finish_with_error(std::make_exception_ptr(Error(ErrorKind::kMismatch, what + ": " + detail)));
     };
-    if (metas.size() != static_cast<int>(tensors.size())) {
+    if (metas.size() != tensors.size()) {
       return mismatch("expected " + std::to_string(tensors.size()) + " tensors, " + std::to_string(metas.size()) +
                       " arrived");
     }
     size_t offset = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
-      pg::TensorMeta mine = meta_of(tensors[i]);
-      if (mine.dtype() != metas[i].dtype() ||
-          !std::equal(mine.sizes().begin(), mine.sizes().end(), metas[i].sizes().begin(), metas[i].sizes().end())) {
+      const pg::TensorMeta mine = meta_of(tensors[i]);
+      if (mine.dtype() != metas[i].dtype ||
+          !std::equal(mine.sizes().begin(), mine.sizes().end(), metas[i].sizes.begin(), metas[i].sizes.end())) {
         return mismatch("tensor " + std::to_string(i) + " is " + describe_meta(mine) + " here but " +
                         describe_meta(metas[i]) + " arrived");
       }
@@ -78,7 +78,7 @@ WorkPtr P2PMatcher::recv(const std::vector<at::Tensor>& tensors, int src_rank, i
       } else {
         dst.copy_(tensor_from_body(frame, metas[i], offset));
       }
-      offset += metas[i].nbytes();
+      offset += metas[i].nbytes;
     }
     work->finish(tensors, frame.source);
   };
@@ -93,9 +93,9 @@ WorkPtr P2PMatcher::recv_any(int64_t tag) {
   waiter.on_frame = [work](Frame& frame) {
     std::vector<at::Tensor> out;
     size_t offset = 0;
-    for (const auto& meta : frame.header.tensors()) {
+    for (const auto& meta : frame.tensors) {
       out.push_back(tensor_from_body(frame, meta, offset));
-      offset += meta.nbytes();
+      offset += meta.nbytes;
     }
     work->finish(std::move(out), frame.source);
   };

@@ -1,11 +1,12 @@
 #pragma once
 
 // Internal to //process_group: the byte-moving layer beneath CollectiveProcessGroup. A
-// Transport connects one rank to every other and carries frames (a small protobuf
-// header plus tensor bytes); the gRPC transport is the real one, the in-memory one serves
-// fast unit tests. No gRPC type appears here.
+// Transport connects one rank to every other and carries frames (a small header plus
+// tensor bytes); the gRPC transport is the real one, the in-memory one serves fast unit
+// tests. No gRPC type appears here.
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -26,11 +27,22 @@ struct ByteSpan {
   size_t size;
 };
 
-// One received frame. `body` holds the bytes of header.tensors(), in order, in one or
-// more fragments that `keepalive` owns.
+// A tensor as a frame describes it. Checked on arrival: nbytes is the dtype's size times
+// the shape's element count.
+struct FrameTensor {
+  int32_t dtype = 0;  // c10::ScalarType
+  c10::SmallVector<int64_t, 4> sizes;
+  uint64_t nbytes = 0;
+};
+
+// One received frame. `body` holds the bytes of `tensors`, in order, in one or more
+// fragments that `keepalive` owns. A MESSAGE frame's header has only its kind and payload
+// (the message travels with a flat header, see decode_wire_frames); other kinds keep
+// their tensor metas in the header too.
 struct Frame {
   int source = -1;
   pg::FrameHeader header;
+  std::vector<FrameTensor> tensors;
   std::vector<ByteSpan> body;
   std::shared_ptr<void> keepalive;
 
@@ -60,8 +72,9 @@ class Transport {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // Queues `header` (whose `tensors` metas the caller filled, see describe_tensors) and
-  // the bytes of `tensors` (contiguous CPU tensors) for `dst` and returns at once. The
+  // Queues `header` (whose `tensors` metas the caller filled, see describe_tensors, except
+  // for a MESSAGE header: see encode_frame) and the bytes of `tensors` (contiguous CPU
+  // tensors) for `dst` and returns at once. The
   // tensors' storage is read in place until `on_sent` runs (with null on success, else
   // the error), on a transport thread or inline; only then may the caller change them.
   // Thread-safe; frames to one peer arrive in order, several may share one network write.
@@ -102,6 +115,13 @@ constexpr int kMaxFrameTensors = 1 << 16;
 // kBadArgument for more than kMaxFrameTensors tensors.
 void describe_tensors(const std::vector<at::Tensor>& tensors, pg::FrameHeader* header);
 
+// Throws kBadArgument for more than kMaxFrameTensors tensors.
+void check_tensor_count(size_t count);
+
+// The dtype, shape and byte count of each tensor, as a frame carrying them describes them.
+std::vector<FrameTensor> frame_tensors(const std::vector<at::Tensor>& tensors);
+FrameTensor frame_tensor(const pg::TensorMeta& meta);
+
 // Checks that a frame's tensor metas are well formed (known dtype, at most 64 dims, a shape
 // whose element count fits int64 even past a zero dim, at most kMaxFrameTensors) and that
 // their bytes add up to `body_size` exactly; throws kProtocol naming what is wrong. Run on every frame that
@@ -110,21 +130,35 @@ void validate_frame(const pg::FrameHeader& header, size_t body_size);
 
 // A human-readable dtype and shape, e.g. "Float[2, 3]".
 std::string describe_meta(const pg::TensorMeta& meta);
+std::string describe_meta(const FrameTensor& meta);
 
 // A new tensor with `meta`'s dtype and shape, holding the body bytes from `offset`: in
 // place when they arrived in one aligned piece, else copied, into a buffer from `pool`
 // (which must outlive the call; the tensor keeps what it needs) when one is given and the
 // tensor is large.
-at::Tensor tensor_from_body(const Frame& frame, const pg::TensorMeta& meta, size_t offset,
+at::Tensor tensor_from_body(const Frame& frame, const FrameTensor& meta, size_t offset,
                             BufferPool* pool = nullptr);
 
 // The most header bytes one frame may claim; a longer header is malformed.
 constexpr uint32_t kMaxFrameHeaderBytes = 16 << 20;
 
-// Splits one network message, [u32 little-endian header length][FrameHeader][tensor
-// bytes] repeated, held in `pieces` (owned by `keepalive`), into validated frames whose
-// bodies point into the pieces. Throws kProtocol naming what is malformed; nothing is
-// allocated for a frame's tensors before its bytes are known to have arrived.
+// Set in a frame's length word when its header is a flat MESSAGE header (see below).
+constexpr uint32_t kFlatMessageBit = uint32_t{1} << 31;
+
+// Reads the header of one frame: `word` is its length word, `bytes` the `length` header
+// bytes it announces (word without kFlatMessageBit). Fills frame->header and
+// frame->tensors, each tensor checked (known dtype, at most 64 dims, a shape whose
+// element count fits int64, a byte count that matches it, at most kMaxFrameTensors).
+// Throws kProtocol naming what is malformed.
+void read_frame_header(uint32_t word, const uint8_t* bytes, size_t length, Frame* frame);
+
+// Splits one network message held in `pieces` (owned by `keepalive`) into validated frames
+// whose bodies point into the pieces. A frame on the wire is a little-endian u32 length
+// word, the header, then its tensors' bytes. The header is a FrameHeader, or, when the
+// word has kFlatMessageBit, the flat header of a MESSAGE frame: [u32 tensor count], per
+// tensor [u8 dtype][u8 dims][dims x i64 size], then the message's payload to the end.
+// Throws kProtocol naming what is malformed; nothing is allocated for a frame's tensors
+// before its bytes are known to have arrived.
 std::vector<Frame> decode_wire_frames(const std::vector<ByteSpan>& pieces, std::shared_ptr<void> keepalive,
                                       int source);
 

@@ -154,19 +154,25 @@ bool link_body_owners(const LinkMessage& message, std::vector<LinkBodyOwner>* ow
   size_t next_body = 0;
   while (next_body < message.bodies.size()) {
     if (head_size - at < sizeof(uint32_t)) return false;
-    const uint32_t header_size = read_at<uint32_t>(head + at);
+    const uint32_t word = read_at<uint32_t>(head + at);
+    const uint32_t header_size = word & ~kFlatMessageBit;
     at += sizeof(uint32_t);
     if (header_size > kMaxFrameHeaderBytes || header_size > head_size - at) return false;
-    pg::FrameHeader header;
-    if (!header.ParseFromArray(head + at, static_cast<int>(header_size))) return false;
+    Frame frame;
+    try {
+      read_frame_header(word, head + at, header_size, &frame);
+    } catch (const Error&) {
+      return false;
+    }
+    const pg::FrameHeader& header = frame.header;
     at += header_size;
     whole += sizeof(uint32_t) + header_size;
     if (message.bodies[next_body].offset < whole) return false;  // a body inside a header
-    for (int i = 0; i < header.tensors_size(); ++i) {
-      const uint64_t nbytes = header.tensors(i).nbytes();
+    for (size_t i = 0; i < frame.tensors.size(); ++i) {
+      const uint64_t nbytes = frame.tensors[i].nbytes;
       if (nbytes > 0 && next_body < message.bodies.size() && message.bodies[next_body].offset == whole) {
         if (message.bodies[next_body].size != nbytes) return false;
-        (*owners)[next_body++] = LinkBodyOwner{header.kind(), header.seq(), header.step(), i};
+        (*owners)[next_body++] = LinkBodyOwner{header.kind(), header.seq(), header.step(), static_cast<int>(i)};
       } else {
         if (nbytes > head_size - at) return false;
         at += nbytes;

@@ -136,8 +136,8 @@ TEST(UcxLinks, ProbeThenFramesInOrderOnceOpened) {
     EXPECT_EQ(f.source, 0);
     EXPECT_EQ(f.header.tag(), i);
     if (i % 5 == 3) {
-      ASSERT_EQ(f.header.tensors_size(), 1);
-      const at::Tensor received = tensor_from_body(f, f.header.tensors(0), 0);
+      ASSERT_EQ(f.tensors.size(), 1u);
+      const at::Tensor received = tensor_from_body(f, f.tensors[0], 0);
       EXPECT_TRUE(received.equal(large)) << "frame " << i;
       // Used where it landed: the sender aligned it, so the receiver copied nothing.
       ASSERT_EQ(f.body.size(), 1u);
@@ -145,7 +145,7 @@ TEST(UcxLinks, ProbeThenFramesInOrderOnceOpened) {
       EXPECT_LT(static_cast<const uint8_t*>(received.data_ptr()), f.body[0].data + f.body[0].size);
     }
     if (i % 5 == 1) {
-      EXPECT_TRUE(tensor_from_body(f, f.header.tensors(0), 0).equal(at::full({3}, static_cast<float>(i))));
+      EXPECT_TRUE(tensor_from_body(f, f.tensors[0], 0).equal(at::full({3}, static_cast<float>(i))));
     }
   }
   EXPECT_TRUE(pair.sink1.failures.empty());
@@ -169,8 +169,8 @@ TEST(UcxLinks, LargeTensorsLandInPlaceInReusedBuffers) {
     size_t offset = 0;
     std::vector<at::Tensor> received;
     for (int i = 0; i < 3; ++i) {
-      received.push_back(tensor_from_body(frame, frame.header.tensors(i), offset));
-      offset += frame.header.tensors(i).nbytes();
+      received.push_back(tensor_from_body(frame, frame.tensors[i], offset));
+      offset += frame.tensors[i].nbytes;
       EXPECT_TRUE(received[i].equal(tensors[i])) << "round " << round << " tensor " << i;
     }
     // The large ones are used where UCX put them: a body of their own each.
@@ -222,7 +222,7 @@ TEST(UcxLinks, PlacedCollectiveFramesLandInTheirDestination) {
   for (size_t i = 0; i < 5; ++i) {
     const Frame& f = pair.sink1.frames[i];
     ASSERT_EQ(f.body.size(), 1u);
-    EXPECT_TRUE(tensor_from_body(f, f.header.tensors(0), 0).equal(chunk)) << "frame " << i;
+    EXPECT_TRUE(tensor_from_body(f, f.tensors[0], 0).equal(chunk)) << "frame " << i;
     // Only (7, 1) had a destination of its size.
     EXPECT_EQ(f.body[0].data == placed_at, i == 1) << "frame " << i;
   }
@@ -273,7 +273,7 @@ TEST(UcxLinks, NothingOfAFailedPeerLandsInPlace) {
   for (uint32_t step : {0u, 1u}) pair.rank0->send(1, collective_header(3, step, {chunk}), {chunk}, nullptr);
   ASSERT_TRUE(pair.sink1.wait([&] { return pair.sink1.frames.size() == 2; }));
   for (const Frame& f : pair.sink1.frames) {
-    EXPECT_TRUE(tensor_from_body(f, f.header.tensors(0), 0).equal(chunk));
+    EXPECT_TRUE(tensor_from_body(f, f.tensors[0], 0).equal(chunk));
     EXPECT_NE(f.body[0].data, placed_before.data_ptr());
     EXPECT_NE(f.body[0].data, placed_after.data_ptr());
   }
@@ -406,9 +406,9 @@ TEST(UcxLinkMessages, BodiesAreSplicedBackWhereTheyWereCut) {
   ASSERT_TRUE(link_message_frames(message, bodies, nullptr, 3, &frames, &problem)) << problem;
   ASSERT_EQ(frames.size(), 1u);
   EXPECT_EQ(frames[0].source, 3);
-  EXPECT_TRUE(tensor_from_body(frames[0], frames[0].header.tensors(0), 0).equal(first));
-  EXPECT_TRUE(tensor_from_body(frames[0], frames[0].header.tensors(1), first.nbytes()).equal(at::full({2}, 7.0)));
-  EXPECT_TRUE(tensor_from_body(frames[0], frames[0].header.tensors(2), first.nbytes() + mid).equal(second));
+  EXPECT_TRUE(tensor_from_body(frames[0], frames[0].tensors[0], 0).equal(first));
+  EXPECT_TRUE(tensor_from_body(frames[0], frames[0].tensors[1], first.nbytes()).equal(at::full({2}, 7.0)));
+  EXPECT_TRUE(tensor_from_body(frames[0], frames[0].tensors[2], first.nbytes() + mid).equal(second));
 
   // Each body's frame and tensor, from the head alone.
   std::vector<LinkBodyOwner> owners;
