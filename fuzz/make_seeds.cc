@@ -25,6 +25,7 @@
 #include "process_group/frame.h"
 #include "process_group/transport.h"
 #include "process_group/ucx_link_message.h"
+#include "rpc/envelope.h"
 #include "rpc/value_codec.h"
 #include "rref/proto/rref.pb.h"
 #include "rref/rref_context.h"
@@ -60,11 +61,10 @@ std::string wire_message(const Message& m) {
   rpc::Envelope envelope;
   envelope.set_type(m.type);
   envelope.set_id(kInjectedRequestId);
-  envelope.set_payload(m.payload);
-  for (const auto& [id, bytes] : m.extensions) (*envelope.mutable_extensions())[id] = bytes;
+  Message copy = m;
   pg::FrameHeader header;
   header.set_kind(pg::FrameHeader::MESSAGE);
-  header.set_payload(envelope.SerializeAsString());
+  header.set_payload(encode_with(envelope, copy));
   std::vector<at::Tensor> tensors;
   for (const auto& t : m.tensors) tensors.push_back(t.contiguous());
   return wire_frame(std::move(header), tensors);

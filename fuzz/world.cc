@@ -17,6 +17,7 @@
 #include "fuzz/check.h"
 #include "process_group/in_memory_process_group.h"
 #include "process_group/transport.h"
+#include "rpc/envelope.h"
 #include "rpc/process_group_agent.h"
 
 namespace drpc {
@@ -207,7 +208,8 @@ void run_message_input(const uint8_t* data, size_t size, const std::function<boo
     rpc::Envelope envelope;
     // A header that is not an envelope is dropped by the agent at once; building a job
     // to watch that would only slow the fuzzer down.
-    if (!envelope.ParseFromString(frame.header.payload()) || !wanted(envelope)) continue;
+    std::string problem;
+    if (!decode_envelope(frame.header.payload(), &envelope, &problem) || !wanted(envelope)) continue;
     PgMessage message{frame.header.payload(), {}};
     size_t offset = 0;
     for (const auto& meta : frame.tensors) {

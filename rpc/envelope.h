@@ -3,6 +3,16 @@
 // The agent's wire format: how a Message travels as an rpc::Envelope (the header) beside
 // its tensors, and how a handler's result or exception becomes a reply envelope. Part of
 // the agent's implementation (rpc/process_group_agent.cc, rpc/request_server.cc).
+//
+// An envelope travels flat, its payload last and never copied into a nested field (the
+// process group puts the whole header after its own flat one, see
+// process_group/transport.h), all integers little-endian:
+//   [u8 flags][i32 type][i64 id][u32 length][what]
+//   flags & kEnvelopeError:        [i32 error kind][u32 length][error]
+//   flags & kEnvelopeExtensions:   [u32 count], per extension [i32 id][u32 length][bytes]
+//   flags & kEnvelopeProfileSpans: [u32 length][rpc::Profile]
+//   then the payload, to the end.
+// kEnvelopeResponse and kEnvelopeProfile are the two booleans.
 
 #include <ATen/core/ivalue.h>
 
@@ -16,6 +26,19 @@
 #include "rpc/proto/rpc.pb.h"
 
 namespace drpc {
+
+constexpr uint8_t kEnvelopeResponse = 1;
+constexpr uint8_t kEnvelopeProfile = 2;
+constexpr uint8_t kEnvelopeError = 4;
+constexpr uint8_t kEnvelopeExtensions = 8;
+constexpr uint8_t kEnvelopeProfileSpans = 16;
+
+// `envelope` in the flat format above; its payload is moved out.
+std::string encode_envelope(rpc::Envelope& envelope);
+
+// Reads a flat envelope from `bytes` (whose buffer becomes its payload). Returns false, with
+// `problem` set, when the bytes are not one: unknown flags, or a field past their end.
+bool decode_envelope(std::string bytes, rpc::Envelope* envelope, std::string* problem);
 
 // The serialized header of request `id`: `message`'s type, payload (moved out) and
 // extensions, the caller's `label` for the callee's metrics, and whether it is `profiled`.

@@ -298,12 +298,13 @@ class ProcessGroupAgent final : public RpcAgent {
     const int64_t arrival_ns = steady_now_ns();
     const int64_t bytes = static_cast<int64_t>(raw.header.size()) + tensor_bytes(raw.tensors);
     rpc::Envelope envelope;
-    if (!envelope.ParseFromString(raw.header)) {
+    std::string problem;
+    if (!decode_envelope(std::move(raw.header), &envelope, &problem)) {
       if (metrics_) {
         metrics_->bytes_received(source, bytes);
         metrics_->error(false, ErrorKind::kProtocol);
       }
-      LOG(ERROR) << self_.name << ": dropping a malformed message from " << workers_[source].name;
+      LOG(ERROR) << self_.name << ": dropping a malformed message from " << workers_[source].name << ": " << problem;
       return;
     }
     // The join's own messages are the agent's bookkeeping, counted in neither side's bytes
