@@ -286,7 +286,7 @@ uint8_t* write_flat_message(const std::string& payload, const std::vector<at::Te
 
 }  // namespace
 
-void encode_frame(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors, FramePieces& out) {
+size_t checked_header_size(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors) {
   const bool flat = header.kind() == pg::FrameHeader::MESSAGE;
   if (flat) {
     check_tensor_count(tensors.size());
@@ -302,6 +302,12 @@ void encode_frame(const pg::FrameHeader& header, const std::vector<at::Tensor>& 
     throw Error(ErrorKind::kBadArgument, "a frame's header is at most " + std::to_string(kMaxFrameHeaderBytes) +
                                              " bytes, this one " + std::to_string(header_size));
   }
+  return header_size;
+}
+
+void encode_frame(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors, FramePieces& out) {
+  const bool flat = header.kind() == pg::FrameHeader::MESSAGE;
+  const size_t header_size = checked_header_size(header, tensors);
   size_t head_size = 4 + header_size;
   size_t i = 0;
   // Copy the leading run of small tensors into the head piece.

@@ -42,4 +42,8 @@ class FramePieces {
 // than 64 dims.
 void encode_frame(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors, FramePieces& out);
 
+// The checks encode_frame makes before it adds a piece (it throws the same errors); returns
+// the header's size on the wire.
+size_t checked_header_size(const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors);
+
 }  // namespace drpc

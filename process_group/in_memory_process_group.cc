@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "process_group/collective_process_group.h"
+#include "process_group/frame.h"
 
 namespace drpc {
 namespace {
@@ -150,10 +151,10 @@ class InMemoryTransport final : public Transport {
     // placed frame's tensor is copied into its destination at once, as early as any link
     // could write it there, so that the collectives' tests see a placement used too soon.
     auto copies = std::make_shared<std::vector<at::Tensor>>();
+    checked_header_size(header, tensors);  // what the wire refuses, this refuses too
     Frame frame;
     frame.header = header;
     frame.tensors = frame_tensors(tensors);
-    if (header.kind() == pg::FrameHeader::MESSAGE) check_tensor_count(tensors.size());
     at::Tensor placed =
         tensors.size() == 1 ? fabric_->take_placement(dst, rank_, header, tensors[0].nbytes()) : at::Tensor();
     for (const auto& t : tensors) {

@@ -50,15 +50,18 @@ void CallEndings::peer_gone(PendingCall& p, const std::string& reason) {
 
 void CallEndings::not_sent(PendingCall& p, const std::exception_ptr& why) {
   std::string text;
+  ErrorKind kind = ErrorKind::kPeerUnavailable;
   try {
     std::rethrow_exception(why);
+  } catch (const Error& e) {
+    text = e.what();
+    if (e.kind() == ErrorKind::kBadArgument) kind = e.kind();  // the message itself, not the peer
   } catch (const std::exception& e) {
     text = e.what();
   } catch (...) {
     text = "unknown error";
   }
-  failed(p, ErrorKind::kPeerUnavailable, "rpc " + p.what.text() + " to " + workers_[p.dst].name +
-                                             " could not be sent: " + text);
+  failed(p, kind, "rpc " + p.what.text() + " to " + workers_[p.dst].name + " could not be sent: " + text);
 }
 
 void CallEndings::shut_down(PendingCall& p) {

@@ -31,6 +31,7 @@ class CallEndings {
   void replied(PendingCall& call, const rpc::Envelope& envelope, Message reply, int64_t receipt_ns);
   void timed_out(PendingCall& call);
   void peer_gone(PendingCall& call, const std::string& reason);
+  // kBadArgument when the message itself was refused (too large), else kPeerUnavailable.
   void not_sent(PendingCall& call, const std::exception_ptr& why);
   void shut_down(PendingCall& call);
 

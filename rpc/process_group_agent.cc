@@ -414,9 +414,24 @@ class ProcessGroupAgent final : public RpcAgent {
         port_.send_message(source, PgMessage{std::move(header), std::move(reply.tensors)});
       } catch (const Error& e) {
         LOG(WARNING) << self_.name << ": cannot answer " << workers_[source].name << ": " << e.what();
+        // A reply the network refuses (too large a header) is answered with why, so that
+        // the caller does not wait for its deadline.
+        if (e.kind() == ErrorKind::kBadArgument) send_refusal(source, envelope.id(), e);
       }
     }
     request_done(source);
+  }
+
+  void send_refusal(int source, int64_t id, const Error& why) {
+    rpc::Envelope refusal;
+    refusal.set_id(id);
+    refusal.set_is_response(true);
+    put_error(std::make_exception_ptr(Error(why.kind(), "the reply cannot be sent: " + why.message())), &refusal);
+    try {
+      port_.send_message(source, PgMessage{encode_envelope(refusal), {}});
+    } catch (const Error& e) {
+      LOG(WARNING) << self_.name << ": cannot answer " << workers_[source].name << ": " << e.what();
+    }
   }
 
   void request_done(int source) {

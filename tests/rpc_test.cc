@@ -36,6 +36,7 @@ std::atomic<Gate*> g_gate{nullptr};
 DRPC_REGISTER_FUNCTION("test.scale", [](at::Tensor t, double s) { return t * s; });
 DRPC_REGISTER_FUNCTION("test.concat", [](std::string a, int64_t b) { return a + std::to_string(b); });
 DRPC_REGISTER_FUNCTION("test.nothing", []() {});
+DRPC_REGISTER_FUNCTION("test.repeat", [](int64_t n) { return std::string(static_cast<size_t>(n), 'x'); });
 DRPC_REGISTER_FUNCTION("test.fail", [](std::string why) -> int64_t { throw std::runtime_error(why); });
 DRPC_REGISTER_FUNCTION("test.whoami", []() { return current_runtime().get_worker_info().name; });
 DRPC_REGISTER_FUNCTION("test.blocked_sum", [](at::Tensor t) {
@@ -108,6 +109,24 @@ TEST_P(RpcTest, RegisteredFunctionsCheckTheirArguments) {
   e = expect_error([&] { job[0].rpc_sync("worker1", "aten::add", {std::string("x"), std::string("y"), t}); });
   EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
   EXPECT_TRUE(contains(e.what(), "no overload of aten::add")) << e.what();
+}
+
+// Tensors travel beside a message's header; other values travel in it, up to 16 MiB.
+TEST_P(RpcTest, ValuesTooLargeForAHeaderFailTheirCallAtOnceAndTheLinkStays) {
+  Job& job = *job_;
+  const int64_t too_large = int64_t{17} << 20;
+  Error e = expect_error([&] { job[0].rpc_sync("worker1", "test.concat", {std::string(too_large, 'x'), int64_t{1}}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(contains(e.what(), "a frame's header is at most 16777216 bytes")) << e.what();
+  // A reply too large to send fails its call with the reason, well before the deadline.
+  const auto start = std::chrono::steady_clock::now();
+  e = expect_error([&] { job[0].rpc_sync("worker1", "test.repeat", {too_large}, {}, std::chrono::seconds(60)); });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument) << e.what();
+  EXPECT_TRUE(contains(e.what(), "the reply cannot be sent")) << e.what();
+  // Both ends keep working, with values just under the limit.
+  EXPECT_EQ(job[0].rpc_sync("worker1", "test.repeat", {int64_t{15} << 20}).toStringRef().size(), size_t{15} << 20);
+  EXPECT_EQ(job[1].rpc_sync("worker0", "test.concat", {std::string("n="), int64_t{2}}).toStringRef(), "n=2");
 }
 
 TEST_P(RpcTest, UnknownWorkerAndFunction) {
