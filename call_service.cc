@@ -31,8 +31,11 @@ bool cheap_builtin_call(const std::string& what, const Message& request) {
   size_t bytes = 0;
   for (const auto& t : request.tensors) bytes += t.nbytes();
   if (bytes > kInlineBuiltinBytes) return false;
-  rpc::Call call;  // the label is the caller's word; the function named inside is what runs
-  return call.ParseFromString(request.payload) && call.function().rfind("aten::", 0) == 0;
+  try {  // the label is the caller's word; the function named inside is what runs
+    return call_function(request.payload).rfind("aten::", 0) == 0;
+  } catch (const Error&) {
+    return false;  // the handler says what is malformed
+  }
 }
 
 }  // namespace
@@ -78,20 +81,17 @@ FuturePtr CallService::send(const std::string& to, const std::string& fn, const 
   const WorkerInfo dst = agent_.worker(to);
   if (timeout == kDefaultTimeout) timeout = agent_.default_timeout();
   *hooks = rrefs_.hooks(dst.id);
-  rpc::Call call;
   Message request{kCallRequest, "", {}};
-  encode_call(fn, args, kwargs, *hooks, &call, &request.tensors);
-  request.payload = call.SerializeAsString();
+  encode_call(fn, args, kwargs, *hooks, &request.payload, &request.tensors);
   return agent_.send(dst, std::move(request), timeout, fn);
 }
 
 FuturePtr CallService::serve(const WorkerInfo& from, const Message& request) {
   CurrentRuntime current(&runtime_);
-  rpc::Call call;
-  if (!call.ParseFromString(request.payload)) throw Error(ErrorKind::kProtocol, "malformed call");
   ValueHooks hooks = rrefs_.hooks(from.id);
   CallArgs args;
-  decode_call(call, request.tensors, hooks, &args.args, &args.kwargs);
+  std::string fn;
+  decode_call(request.payload, request.tensors, hooks, &fn, &args.args, &args.kwargs);
   FuturePtr confirmed;
   if (args.kwargs.empty()) {
     confirmed = rrefs_.confirmations(args.args);
@@ -103,14 +103,14 @@ FuturePtr CallService::serve(const WorkerInfo& from, const Message& request) {
   const int64_t autograd_context = autograd_.context_of(request.extensions);
   // A profiled request's trace follows the function if it runs on another thread.
   auto profiled = tracer_.serving();
-  auto run = [this, fn = call.function(), autograd_context, profiled](CallArgs args) {
+  auto run = [this, fn, autograd_context, profiled](CallArgs args) {
     CurrentRuntime current(&runtime_);
     Tracer::Scope scope(&tracer_, profiled);
     // Calls the function makes belong to the caller's autograd context.
     CurrentAutogradContext in_context(autograd_, autograd_context);
     return functions_.call(fn, std::move(args), agent_.self().name);
   };
-  auto encode = [fn = call.function(), hooks = std::move(hooks)](const c10::IValue& value) {
+  auto encode = [fn = std::move(fn), hooks = std::move(hooks)](const c10::IValue& value) {
     return message_to_ivalue(encode_result(0, value, ValuePath(fn, ": result"), hooks));
   };
   // The function runs once the owners have confirmed every RRef among its arguments:

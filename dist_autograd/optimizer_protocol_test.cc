@@ -31,7 +31,7 @@ TEST(OptimizerProtocol, ASpecCrossesTheWireByNamedFields) {
   spec.beta2 = 0.75;
   spec.eps = 1e-3;
   spec.weight_decay = 0.125;
-  rpc::Value wire;
+  std::string wire;
   std::vector<at::Tensor> tensors;
   encode_value(encode_spec(spec), &wire, &tensors, "spec");
   const OptimizerSpec back = decode_spec(decode_value(wire, tensors));

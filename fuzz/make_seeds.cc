@@ -186,11 +186,11 @@ void link_message_seeds(const fs::path& dir) {
 void value_seeds(const fs::path& dir) {
   // The value fuzzer's message brings four tensors; seeds refer to at most those.
   auto encoded = [](const c10::IValue& v) {
-    rpc::Value out;
+    std::string out;
     std::vector<at::Tensor> tensors;
     encode_value(v, &out, &tensors, "seed");
     if (tensors.size() > 4) throw std::logic_error("a value seed refers to more than 4 tensors");
-    return out.SerializeAsString();
+    return out;
   };
   write(dir, "scalars", encoded(c10::ivalue::Tuple::create({c10::IValue(), true, int64_t{-7}, 2.5,
                                                              c10::complex<double>(1, -2), std::string("h\xc3\xa9")})));

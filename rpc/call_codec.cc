@@ -5,36 +5,50 @@
 namespace drpc {
 
 void encode_call(const std::string& fn, const std::vector<c10::IValue>& args, const Kwargs& kwargs,
-                 const ValueHooks& hooks, rpc::Call* call, std::vector<at::Tensor>* tensors) {
-  call->set_function(fn);
-  for (size_t i = 0; i < args.size(); ++i) {
-    encode_value(args[i], call->add_args(), tensors, ValuePath(fn, ": args", i), &hooks);
-  }
+                 const ValueHooks& hooks, std::string* out, std::vector<at::Tensor>* tensors) {
+  encode_bytes(fn, out);
+  encode_count(args.size(), out);
+  for (size_t i = 0; i < args.size(); ++i) encode_value(args[i], out, tensors, ValuePath(fn, ": args", i), &hooks);
+  encode_count(kwargs.size(), out);
   for (const auto& [name, value] : kwargs) {
-    rpc::Kwarg* kw = call->add_kwargs();
-    kw->set_name(name);
-    encode_value(value, kw->mutable_value(), tensors, ValuePath(fn, ": kwarg ", name), &hooks);
+    encode_bytes(name, out);
+    encode_value(value, out, tensors, ValuePath(fn, ": kwarg ", name), &hooks);
   }
 }
 
-void decode_call(const rpc::Call& call, const std::vector<at::Tensor>& tensors, const ValueHooks& hooks,
-                 std::vector<c10::IValue>* args, Kwargs* kwargs) {
-  for (const auto& v : call.args()) args->push_back(decode_value(v, tensors, &hooks));
-  for (const auto& kw : call.kwargs()) kwargs->emplace_back(kw.name(), decode_value(kw.value(), tensors, &hooks));
+std::string call_function(const std::string& call) {
+  ValueReader in(call);
+  return in.bytes("a call's function");
+}
+
+void decode_call(const std::string& call, const std::vector<at::Tensor>& tensors, const ValueHooks& hooks,
+                 std::string* fn, std::vector<c10::IValue>* args, Kwargs* kwargs) {
+  ValueReader in(call);
+  *fn = in.bytes("a call's function");
+  const uint32_t n_args = in.count(1, "a call's arguments");
+  args->reserve(args->size() + n_args);
+  for (uint32_t i = 0; i < n_args; ++i) args->push_back(in.value(tensors, &hooks));
+  const uint32_t n_kwargs = in.count(5, "a call's keyword arguments");
+  for (uint32_t i = 0; i < n_kwargs; ++i) {
+    std::string name = in.bytes("a keyword argument's name");
+    kwargs->emplace_back(std::move(name), in.value(tensors, &hooks));
+  }
+  in.expect_end("the call");
 }
 
 Message encode_result(int32_t type, const c10::IValue& value, const ValuePath& what, const ValueHooks& hooks) {
   Message reply{type, "", {}};
-  rpc::Value encoded;
-  encode_value(value, &encoded, &reply.tensors, what, &hooks);
-  reply.payload = encoded.SerializeAsString();
+  encode_value(value, &reply.payload, &reply.tensors, what, &hooks);
   return reply;
 }
 
 c10::IValue decode_result(const Message& reply, const ValueHooks& hooks, const char* what) {
-  rpc::Value value;
-  if (!value.ParseFromString(reply.payload)) throw Error(ErrorKind::kProtocol, std::string("malformed ") + what);
-  return decode_value(value, reply.tensors, &hooks);
+  try {
+    return decode_value(reply.payload, reply.tensors, &hooks);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kProtocol) throw;
+    throw Error(ErrorKind::kProtocol, std::string("malformed ") + what + ": " + e.message());
+  }
 }
 
 }  // namespace drpc

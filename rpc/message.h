@@ -12,7 +12,7 @@ namespace drpc {
 // Message types the RPC layer knows; upper layers register handlers for their own types
 // (RRef control messages from 100, autograd from 200).
 enum MessageType : int32_t {
-  kCallRequest = 1,  // payload: rpc::Call; reply payload: a Value
+  kCallRequest = 1,  // payload: a call (rpc/call_codec.h); reply payload: a value
   // The agent's own, never passed to handlers.
   kJoinReport = 2,   // payload: rpc::JoinReport, to the join's leader
   kJoinVerdict = 3,  // payload: rpc::JoinVerdict, from the join's leader

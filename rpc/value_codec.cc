@@ -3,6 +3,9 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "common/error.h"
 
 namespace drpc {
@@ -10,124 +13,44 @@ namespace {
 
 constexpr int kMaxDepth = 64;
 
-rpc::List::Elem elem_of(const c10::TypePtr& type) {
+enum Kind : uint8_t {
+  kNone = 0,
+  kFalse = 1,
+  kTrue = 2,
+  kInt = 3,
+  kFloat = 4,
+  kComplex = 5,
+  kString = 6,
+  kTensor = 7,
+  kList = 8,
+  kTuple = 9,
+  kDict = 10,
+  kRRef = 11,
+};
+
+// A list's element kind.
+enum Elem : uint8_t { kAnyElem = 0, kIntElem = 1, kFloatElem = 2, kBoolElem = 3, kTensorElem = 4, kStringElem = 5 };
+
+Elem elem_of(const c10::TypePtr& type) {
   switch (type->kind()) {
-    case c10::TypeKind::IntType: return rpc::List::INT;
-    case c10::TypeKind::FloatType: return rpc::List::DOUBLE;
-    case c10::TypeKind::BoolType: return rpc::List::BOOL;
-    case c10::TypeKind::TensorType: return rpc::List::TENSOR;
-    case c10::TypeKind::StringType: return rpc::List::STRING;
-    default: return rpc::List::ANY;
+    case c10::TypeKind::IntType: return kIntElem;
+    case c10::TypeKind::FloatType: return kFloatElem;
+    case c10::TypeKind::BoolType: return kBoolElem;
+    case c10::TypeKind::TensorType: return kTensorElem;
+    case c10::TypeKind::StringType: return kStringElem;
+    default: return kAnyElem;
   }
 }
 
-void encode_list(c10::ArrayRef<c10::IValue> items, rpc::List* out, std::vector<at::Tensor>* tensors,
-                 const ValuePath& path, const ValueHooks* hooks) {
-  for (size_t i = 0; i < items.size(); ++i) encode_value(items[i], out->add_items(), tensors, path.item(i), hooks);
+template <typename T>
+void put(std::string* out, T value) {
+  out->append(reinterpret_cast<const char*>(&value), sizeof value);  // little-endian hosts only
 }
 
-c10::IValue decode_at(const rpc::Value& in, const std::vector<at::Tensor>& tensors, const ValueHooks* hooks,
-                      int depth);
-
-c10::IValue decode_list(const rpc::List& list, const std::vector<at::Tensor>& tensors, const ValueHooks* hooks,
-                        int depth) {
-  auto items = [&](auto convert) {
-    for (const auto& item : list.items()) convert(decode_at(item, tensors, hooks, depth + 1));
-  };
-  auto expect = [](bool ok, const char* what) {
-    if (!ok) throw Error(ErrorKind::kProtocol, std::string("a ") + what + " list holds another kind of value");
-  };
-  switch (list.elem()) {
-    case rpc::List::INT: {
-      c10::List<int64_t> out;
-      items([&](c10::IValue v) { expect(v.isInt(), "int"); out.push_back(v.toInt()); });
-      return out;
-    }
-    case rpc::List::DOUBLE: {
-      c10::List<double> out;
-      items([&](c10::IValue v) { expect(v.isDouble(), "float"); out.push_back(v.toDouble()); });
-      return out;
-    }
-    case rpc::List::BOOL: {
-      c10::List<bool> out;
-      items([&](c10::IValue v) { expect(v.isBool(), "bool"); out.push_back(v.toBool()); });
-      return out;
-    }
-    case rpc::List::TENSOR: {
-      c10::List<at::Tensor> out;
-      items([&](c10::IValue v) { expect(v.isTensor(), "Tensor"); out.push_back(v.toTensor()); });
-      return out;
-    }
-    case rpc::List::STRING: {
-      c10::List<std::string> out;
-      items([&](c10::IValue v) { expect(v.isString(), "str"); out.push_back(v.toStringRef()); });
-      return out;
-    }
-    default: {
-      c10::impl::GenericList out(c10::AnyType::get());
-      items([&](c10::IValue v) { out.push_back(std::move(v)); });
-      return out;
-    }
-  }
-}
-
-c10::IValue decode_at(const rpc::Value& in, const std::vector<at::Tensor>& tensors, const ValueHooks* hooks,
-                      int depth) {
-  if (depth > kMaxDepth) throw Error(ErrorKind::kProtocol, "value nested deeper than 64 levels");
-  switch (in.kind_case()) {
-    case rpc::Value::kNone: return c10::IValue();
-    case rpc::Value::kBoolean: return in.boolean();
-    case rpc::Value::kInteger: return in.integer();
-    case rpc::Value::kReal: return in.real();
-    case rpc::Value::kComplex: return c10::complex<double>(in.complex().real(), in.complex().imag());
-    case rpc::Value::kText: return in.text();
-    case rpc::Value::kTensor: {
-      const int index = in.tensor();
-      if (index < 0 || index >= static_cast<int>(tensors.size())) {
-        throw Error(ErrorKind::kProtocol, "tensor index " + std::to_string(index) + " out of range (" +
-                                              std::to_string(tensors.size()) + " tensors arrived)");
-      }
-      return tensors[index];
-    }
-    case rpc::Value::kList: return decode_list(in.list(), tensors, hooks, depth);
-    case rpc::Value::kTuple: {
-      std::vector<c10::IValue> items;
-      for (const auto& item : in.tuple().items()) items.push_back(decode_at(item, tensors, hooks, depth + 1));
-      return c10::ivalue::Tuple::create(std::move(items));
-    }
-    case rpc::Value::kDict: {
-      const auto& dict = in.dict();
-      if (dict.keys_size() != dict.values_size()) throw Error(ErrorKind::kProtocol, "dict with unpaired keys");
-      std::vector<c10::IValue> keys, values;
-      for (int i = 0; i < dict.keys_size(); ++i) {
-        keys.push_back(decode_at(dict.keys(i), tensors, hooks, depth + 1));
-        values.push_back(decode_at(dict.values(i), tensors, hooks, depth + 1));
-      }
-      c10::TypePtr key_type = c10::StringType::get();
-      if (!keys.empty()) {
-        if (keys[0].isInt()) key_type = c10::IntType::get();
-        else if (keys[0].isDouble()) key_type = c10::FloatType::get();
-        else if (keys[0].isTensor()) key_type = c10::TensorType::get();
-        else if (keys[0].isBool()) key_type = c10::BoolType::get();
-        else if (!keys[0].isString()) throw Error(ErrorKind::kProtocol, "unsupported dict key");
-      }
-      c10::TypePtr value_type = c10::AnyType::get();
-      if (!values.empty() && std::all_of(values.begin(), values.end(), [](const c10::IValue& v) { return v.isTensor(); })) {
-        value_type = c10::TensorType::get();
-      }
-      c10::impl::GenericDict out(key_type, value_type);
-      for (size_t i = 0; i < keys.size(); ++i) {
-        if (keys[i].type()->kind() != key_type->kind()) throw Error(ErrorKind::kProtocol, "dict keys of mixed kinds");
-        out.insert_or_assign(std::move(keys[i]), std::move(values[i]));
-      }
-      return out;
-    }
-    case rpc::Value::kRref:
-      if (!hooks || !hooks->decode_custom) throw Error(ErrorKind::kProtocol, "an RRef arrived but RRefs are not enabled");
-      return hooks->decode_custom(in.rref());
-    default:
-      throw Error(ErrorKind::kProtocol, "value of unknown kind " + std::to_string(in.kind_case()));
-  }
+void encode_items(c10::ArrayRef<c10::IValue> items, std::string* out, std::vector<at::Tensor>* tensors,
+                  const ValuePath& path, const ValueHooks* hooks) {
+  encode_count(items.size(), out);
+  for (size_t i = 0; i < items.size(); ++i) encode_value(items[i], out, tensors, path.item(i), hooks);
 }
 
 }  // namespace
@@ -162,53 +85,72 @@ std::string ValuePath::str() const {
   return text;
 }
 
-void encode_value(const c10::IValue& value, rpc::Value* out, std::vector<at::Tensor>* tensors,
+void encode_count(size_t count, std::string* out) {
+  if (count > UINT32_MAX) throw Error(ErrorKind::kBadArgument, "more than 2^32 items cannot travel");
+  put(out, static_cast<uint32_t>(count));
+}
+
+void encode_bytes(const std::string& bytes, std::string* out) {
+  encode_count(bytes.size(), out);
+  out->append(bytes);
+}
+
+void encode_value(const c10::IValue& value, std::string* out, std::vector<at::Tensor>* tensors,
                   const ValuePath& path, const ValueHooks* hooks) {
   if (hooks && hooks->encode_custom) {
     std::string bytes;
     if (hooks->encode_custom(value, &bytes)) {
-      out->set_rref(std::move(bytes));
+      put(out, kRRef);
+      encode_bytes(bytes, out);
       return;
     }
   }
   if (value.isNone()) {
-    out->set_none(true);
+    put(out, kNone);
   } else if (value.isBool()) {
-    out->set_boolean(value.toBool());
+    put(out, value.toBool() ? kTrue : kFalse);
   } else if (value.isInt()) {
-    out->set_integer(value.toInt());
+    put(out, kInt);
+    put(out, value.toInt());
   } else if (value.isDouble()) {
-    out->set_real(value.toDouble());
+    put(out, kFloat);
+    put(out, value.toDouble());
   } else if (value.isComplexDouble()) {
     const auto c = value.toComplexDouble();
-    out->mutable_complex()->set_real(c.real());
-    out->mutable_complex()->set_imag(c.imag());
+    put(out, kComplex);
+    put(out, c.real());
+    put(out, c.imag());
   } else if (value.isString()) {
-    out->set_text(value.toStringRef());
+    put(out, kString);
+    encode_bytes(value.toStringRef(), out);
   } else if (value.isTensor()) {
     const at::Tensor& t = value.toTensor();
     if (!t.defined()) {
-      out->set_none(true);
+      put(out, kNone);
     } else {
       if (!t.device().is_cpu() || t.layout() != c10::kStrided || t.is_quantized()) {
         throw Error(ErrorKind::kBadArgument, path.str() + ": only dense CPU tensors can be sent, got " + t.toString());
       }
-      out->set_tensor(static_cast<int32_t>(tensors->size()));
+      put(out, kTensor);
+      encode_count(tensors->size(), out);
       // Not detached: distributed autograd's interceptor records the tensors that
       // require grad (and detaches them) before the message leaves.
       tensors->push_back(t.contiguous());
     }
   } else if (value.isList()) {
-    rpc::List* l = out->mutable_list();
-    l->set_elem(elem_of(value.toList().elementType()));
-    encode_list(value.toListRef(), l, tensors, path, hooks);
+    put(out, kList);
+    put(out, elem_of(value.toList().elementType()));
+    encode_items(value.toListRef(), out, tensors, path, hooks);
   } else if (value.isTuple()) {
-    encode_list(value.toTupleRef().elements().asArrayRef(), out->mutable_tuple(), tensors, path, hooks);
+    put(out, kTuple);
+    encode_items(value.toTupleRef().elements().asArrayRef(), out, tensors, path, hooks);
   } else if (value.isGenericDict()) {
-    rpc::Dict* d = out->mutable_dict();
-    for (const auto& entry : value.toGenericDict()) {
-      encode_value(entry.key(), d->add_keys(), tensors, path.key(), hooks);
-      encode_value(entry.value(), d->add_values(), tensors, path.value_at(entry.key()), hooks);
+    const auto dict = value.toGenericDict();
+    put(out, kDict);
+    encode_count(dict.size(), out);
+    for (const auto& entry : dict) {
+      encode_value(entry.key(), out, tensors, path.key(), hooks);
+      encode_value(entry.value(), out, tensors, path.value_at(entry.key()), hooks);
     }
   } else {
     throw Error(ErrorKind::kBadArgument, path.str() + ": a value of type " + value.type()->str() +
@@ -216,8 +158,171 @@ void encode_value(const c10::IValue& value, rpc::Value* out, std::vector<at::Ten
   }
 }
 
-c10::IValue decode_value(const rpc::Value& in, const std::vector<at::Tensor>& tensors, const ValueHooks* hooks) {
-  return decode_at(in, tensors, hooks, 0);
+template <typename T>
+T ValueReader::fixed(const char* what) {
+  if (left_ < sizeof(T)) throw Error(ErrorKind::kProtocol, std::string(what) + " is cut short");
+  T v;
+  std::memcpy(&v, data_, sizeof v);
+  data_ += sizeof v;
+  left_ -= sizeof v;
+  return v;
+}
+
+uint32_t ValueReader::count(size_t min_item_bytes, const char* what) {
+  const uint32_t n = fixed<uint32_t>(what);
+  if (left_ / std::max<size_t>(min_item_bytes, 1) < n) {
+    throw Error(ErrorKind::kProtocol, std::string(what) + " claims " + std::to_string(n) + " items but " +
+                                          std::to_string(left_) + " bytes are left");
+  }
+  return n;
+}
+
+std::string ValueReader::bytes(const char* what) {
+  const uint32_t n = fixed<uint32_t>(what);
+  if (left_ < n) {
+    throw Error(ErrorKind::kProtocol, std::string(what) + " claims " + std::to_string(n) + " bytes but " +
+                                          std::to_string(left_) + " are left");
+  }
+  std::string out(data_, n);
+  data_ += n;
+  left_ -= n;
+  return out;
+}
+
+void ValueReader::expect_end(const char* what) const {
+  if (left_ != 0) throw Error(ErrorKind::kProtocol, std::to_string(left_) + " byte(s) after " + what);
+}
+
+c10::IValue ValueReader::value(const std::vector<at::Tensor>& tensors, const ValueHooks* hooks) {
+  return value_at(tensors, hooks, 0);
+}
+
+c10::IValue ValueReader::list(const std::vector<at::Tensor>& tensors, const ValueHooks* hooks, int depth) {
+  const uint8_t elem = fixed<uint8_t>("a list's element kind");
+  const uint32_t n = count(1, "a list");
+  auto items = [&](auto convert) {
+    for (uint32_t i = 0; i < n; ++i) convert(value_at(tensors, hooks, depth + 1));
+  };
+  auto expect = [](bool ok, const char* what) {
+    if (!ok) throw Error(ErrorKind::kProtocol, std::string("a ") + what + " list holds another kind of value");
+  };
+  switch (elem) {
+    case kIntElem: {
+      c10::List<int64_t> out;
+      out.reserve(n);
+      items([&](c10::IValue v) { expect(v.isInt(), "int"); out.push_back(v.toInt()); });
+      return out;
+    }
+    case kFloatElem: {
+      c10::List<double> out;
+      out.reserve(n);
+      items([&](c10::IValue v) { expect(v.isDouble(), "float"); out.push_back(v.toDouble()); });
+      return out;
+    }
+    case kBoolElem: {
+      c10::List<bool> out;
+      out.reserve(n);
+      items([&](c10::IValue v) { expect(v.isBool(), "bool"); out.push_back(v.toBool()); });
+      return out;
+    }
+    case kTensorElem: {
+      c10::List<at::Tensor> out;
+      out.reserve(n);
+      items([&](c10::IValue v) { expect(v.isTensor(), "Tensor"); out.push_back(v.toTensor()); });
+      return out;
+    }
+    case kStringElem: {
+      c10::List<std::string> out;
+      out.reserve(n);
+      items([&](c10::IValue v) { expect(v.isString(), "str"); out.push_back(v.toStringRef()); });
+      return out;
+    }
+    case kAnyElem: {
+      c10::impl::GenericList out(c10::AnyType::get());
+      out.reserve(n);
+      items([&](c10::IValue v) { out.push_back(std::move(v)); });
+      return out;
+    }
+    default:
+      throw Error(ErrorKind::kProtocol, "a list of unknown element kind " + std::to_string(elem));
+  }
+}
+
+c10::IValue ValueReader::dict(const std::vector<at::Tensor>& tensors, const ValueHooks* hooks, int depth) {
+  const uint32_t n = count(2, "a dict");
+  std::vector<c10::IValue> keys, values;
+  keys.reserve(n);
+  values.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    keys.push_back(value_at(tensors, hooks, depth + 1));
+    values.push_back(value_at(tensors, hooks, depth + 1));
+  }
+  c10::TypePtr key_type = c10::StringType::get();
+  if (!keys.empty()) {
+    if (keys[0].isInt()) key_type = c10::IntType::get();
+    else if (keys[0].isDouble()) key_type = c10::FloatType::get();
+    else if (keys[0].isTensor()) key_type = c10::TensorType::get();
+    else if (keys[0].isBool()) key_type = c10::BoolType::get();
+    else if (!keys[0].isString()) throw Error(ErrorKind::kProtocol, "unsupported dict key");
+  }
+  c10::TypePtr value_type = c10::AnyType::get();
+  if (!values.empty() && std::all_of(values.begin(), values.end(), [](const c10::IValue& v) { return v.isTensor(); })) {
+    value_type = c10::TensorType::get();
+  }
+  c10::impl::GenericDict out(key_type, value_type);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].type()->kind() != key_type->kind()) throw Error(ErrorKind::kProtocol, "dict keys of mixed kinds");
+    out.insert_or_assign(std::move(keys[i]), std::move(values[i]));
+  }
+  return out;
+}
+
+c10::IValue ValueReader::value_at(const std::vector<at::Tensor>& tensors, const ValueHooks* hooks, int depth) {
+  if (depth > kMaxDepth) throw Error(ErrorKind::kProtocol, "value nested deeper than 64 levels");
+  const uint8_t kind = fixed<uint8_t>("a value");
+  switch (kind) {
+    case kNone: return c10::IValue();
+    case kFalse: return false;
+    case kTrue: return true;
+    case kInt: return fixed<int64_t>("an int");
+    case kFloat: return fixed<double>("a float");
+    case kComplex: {
+      const double real = fixed<double>("a complex");
+      return c10::complex<double>(real, fixed<double>("a complex"));
+    }
+    case kString: return bytes("a str");
+    case kTensor: {
+      const uint32_t index = fixed<uint32_t>("a tensor index");
+      if (index >= tensors.size()) {
+        throw Error(ErrorKind::kProtocol, "tensor index " + std::to_string(index) + " out of range (" +
+                                              std::to_string(tensors.size()) + " tensors arrived)");
+      }
+      return tensors[index];
+    }
+    case kList: return list(tensors, hooks, depth);
+    case kTuple: {
+      const uint32_t n = count(1, "a tuple");
+      std::vector<c10::IValue> items;
+      items.reserve(n);
+      for (uint32_t i = 0; i < n; ++i) items.push_back(value_at(tensors, hooks, depth + 1));
+      return c10::ivalue::Tuple::create(std::move(items));
+    }
+    case kDict: return dict(tensors, hooks, depth);
+    case kRRef: {
+      std::string rref = bytes("an RRef");
+      if (!hooks || !hooks->decode_custom) throw Error(ErrorKind::kProtocol, "an RRef arrived but RRefs are not enabled");
+      return hooks->decode_custom(rref);
+    }
+    default:
+      throw Error(ErrorKind::kProtocol, "value of unknown kind " + std::to_string(kind));
+  }
+}
+
+c10::IValue decode_value(const std::string& bytes, const std::vector<at::Tensor>& tensors, const ValueHooks* hooks) {
+  ValueReader in(bytes);
+  c10::IValue value = in.value(tensors, hooks);
+  in.expect_end("the value");
+  return value;
 }
 
 }  // namespace drpc

@@ -2,11 +2,11 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include "rpc/proto/rpc.pb.h"
 
 namespace drpc {
 
@@ -49,17 +49,57 @@ class ValuePath {
   static constexpr size_t kNoIndex = ~size_t{0};
 };
 
-// Encodes `value` into `out`; its tensors are appended to `tensors` (contiguous; a view
+// The flat wire form of a value: a kind byte, then (all integers little-endian)
+//   none, false, true: nothing;  int: i64;  float: f64;  complex: two f64;
+//   str: [u32 length][bytes];  tensor: [u32 index into the message's tensors];
+//   list: [u8 element kind][u32 count][items];  tuple: [u32 count][items];
+//   dict: [u32 count][count x (key, value)];  rref: [u32 length][the RRef layer's bytes].
+// A list's element kind (any, int, float, bool, Tensor, str) brings it back typed.
+
+// Appends `value` to `out`; its tensors are appended to `tensors` (contiguous; a view
 // contributes only its own elements) and referred to by index. Supports None, bool, int,
 // double, complex, string, dense CPU tensors of every dtype, lists, tuples and dicts, nested.
 // Throws Error(kBadArgument) naming what cannot travel and where (`path`, e.g. "args[1]").
-void encode_value(const c10::IValue& value, rpc::Value* out, std::vector<at::Tensor>* tensors,
+void encode_value(const c10::IValue& value, std::string* out, std::vector<at::Tensor>* tensors,
                   const ValuePath& path, const ValueHooks* hooks = nullptr);
 
-// The inverse. Lists come back typed (int[], float[], bool[], Tensor[], str[]) when the
-// sender's were. Throws Error(kProtocol) on malformed input (bad tensor index, nesting
-// deeper than 64 levels, unknown kinds).
-c10::IValue decode_value(const rpc::Value& in, const std::vector<at::Tensor>& tensors,
+// Appends a length-prefixed string ([u32 length][bytes]), as values and calls carry names.
+void encode_bytes(const std::string& bytes, std::string* out);
+void encode_count(size_t count, std::string* out);
+
+// Reads flat values and the fields around them from `size` bytes at `data` (which must
+// outlive it), each bounded by what is left. Every read throws Error(kProtocol) naming what
+// was cut short or malformed; nothing is allocated in proportion to a count before the
+// bytes it promises are known to be there.
+class ValueReader {
+ public:
+  ValueReader(const char* data, size_t size) : data_(data), left_(size) {}
+  explicit ValueReader(const std::string& bytes) : ValueReader(bytes.data(), bytes.size()) {}
+
+  // The next value; lists come back typed (int[], float[], bool[], Tensor[], str[]) when
+  // the sender's were. Malformed: a bad tensor index, nesting deeper than 64 levels, an
+  // unknown kind.
+  c10::IValue value(const std::vector<at::Tensor>& tensors, const ValueHooks* hooks = nullptr);
+  // A u32 count of items that take at least `min_item_bytes` each.
+  uint32_t count(size_t min_item_bytes, const char* what);
+  // A length-prefixed string.
+  std::string bytes(const char* what);
+  // Throws unless every byte was read.
+  void expect_end(const char* what) const;
+
+ private:
+  c10::IValue value_at(const std::vector<at::Tensor>& tensors, const ValueHooks* hooks, int depth);
+  c10::IValue list(const std::vector<at::Tensor>& tensors, const ValueHooks* hooks, int depth);
+  c10::IValue dict(const std::vector<at::Tensor>& tensors, const ValueHooks* hooks, int depth);
+  template <typename T>
+  T fixed(const char* what);
+
+  const char* data_;
+  size_t left_;
+};
+
+// The value of the whole of `bytes` (see ValueReader::value; trailing bytes are malformed).
+c10::IValue decode_value(const std::string& bytes, const std::vector<at::Tensor>& tensors,
                          const ValueHooks* hooks = nullptr);
 
 }  // namespace drpc

@@ -160,8 +160,8 @@ FuturePtr ContextImpl::on_remote_call(const WorkerInfo& from, Message m) {
   }
   std::vector<c10::IValue> args;
   Kwargs kwargs;
-  decode_call(call.call(), m.tensors, hooks(from.id), &args, &kwargs);
-  const std::string fn = call.call().function();
+  std::string fn;
+  decode_call(call.call(), m.tensors, hooks(from.id), &fn, &args, &kwargs);
   // Run once every RRef among the arguments is confirmed. The reply goes out
   // when the value exists (or failed): the caller's deadline covers the
   // creation, and its RRef is confirmed only by a creation that succeeded.
@@ -211,9 +211,9 @@ FuturePtr ContextImpl::on_apply(const WorkerInfo& from, Message m) {
   auto owner = get_or_create_owner(from_proto(call.rref()), from);
   std::vector<c10::IValue> args;
   Kwargs kwargs;
-  decode_call(call.call(), m.tensors, hooks(from.id), &args, &kwargs);
-  FuturePtr result =
-      apply_local(owner->value_future(), call.call().function(), std::move(args), std::move(kwargs), m.extensions);
+  std::string fn;
+  decode_call(call.call(), m.tensors, hooks(from.id), &fn, &args, &kwargs);
+  FuturePtr result = apply_local(owner->value_future(), fn, std::move(args), std::move(kwargs), m.extensions);
   return reply_with_value(result, kRRefApply, from.id);
 }
 
