@@ -197,50 +197,37 @@ c10::IValue ValueReader::value(const std::vector<at::Tensor>& tensors, const Val
   return value_at(tensors, hooks, 0);
 }
 
+namespace {
+
+// A list of `n` items of one kind, each checked with `is` ("a <name> list holds another kind").
+template <typename T, typename Next>
+c10::IValue typed_list(uint32_t n, Next next, bool (c10::IValue::*is)() const, const char* name) {
+  c10::List<T> out;
+  out.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    c10::IValue v = next();
+    if (!(v.*is)()) throw Error(ErrorKind::kProtocol, std::string("a ") + name + " list holds another kind of value");
+    out.push_back(std::move(v).to<T>());
+  }
+  return out;
+}
+
+}  // namespace
+
 c10::IValue ValueReader::list(const std::vector<at::Tensor>& tensors, const ValueHooks* hooks, int depth) {
   const uint8_t elem = fixed<uint8_t>("a list's element kind");
   const uint32_t n = count(1, "a list");
-  auto items = [&](auto convert) {
-    for (uint32_t i = 0; i < n; ++i) convert(value_at(tensors, hooks, depth + 1));
-  };
-  auto expect = [](bool ok, const char* what) {
-    if (!ok) throw Error(ErrorKind::kProtocol, std::string("a ") + what + " list holds another kind of value");
-  };
+  auto next = [&] { return value_at(tensors, hooks, depth + 1); };
   switch (elem) {
-    case kIntElem: {
-      c10::List<int64_t> out;
-      out.reserve(n);
-      items([&](c10::IValue v) { expect(v.isInt(), "int"); out.push_back(v.toInt()); });
-      return out;
-    }
-    case kFloatElem: {
-      c10::List<double> out;
-      out.reserve(n);
-      items([&](c10::IValue v) { expect(v.isDouble(), "float"); out.push_back(v.toDouble()); });
-      return out;
-    }
-    case kBoolElem: {
-      c10::List<bool> out;
-      out.reserve(n);
-      items([&](c10::IValue v) { expect(v.isBool(), "bool"); out.push_back(v.toBool()); });
-      return out;
-    }
-    case kTensorElem: {
-      c10::List<at::Tensor> out;
-      out.reserve(n);
-      items([&](c10::IValue v) { expect(v.isTensor(), "Tensor"); out.push_back(v.toTensor()); });
-      return out;
-    }
-    case kStringElem: {
-      c10::List<std::string> out;
-      out.reserve(n);
-      items([&](c10::IValue v) { expect(v.isString(), "str"); out.push_back(v.toStringRef()); });
-      return out;
-    }
+    case kIntElem: return typed_list<int64_t>(n, next, &c10::IValue::isInt, "int");
+    case kFloatElem: return typed_list<double>(n, next, &c10::IValue::isDouble, "float");
+    case kBoolElem: return typed_list<bool>(n, next, &c10::IValue::isBool, "bool");
+    case kTensorElem: return typed_list<at::Tensor>(n, next, &c10::IValue::isTensor, "Tensor");
+    case kStringElem: return typed_list<std::string>(n, next, &c10::IValue::isString, "str");
     case kAnyElem: {
       c10::impl::GenericList out(c10::AnyType::get());
       out.reserve(n);
-      items([&](c10::IValue v) { out.push_back(std::move(v)); });
+      for (uint32_t i = 0; i < n; ++i) out.push_back(next());
       return out;
     }
     default:
