@@ -180,6 +180,10 @@ void read_flat_message(const uint8_t* bytes, size_t length, Frame* frame) {
   if (length < 4) throw Error(ErrorKind::kProtocol, "message header shorter than its tensor count");
   const uint32_t count = read_le<uint32_t>(bytes);
   check_meta_count(count);
+  if ((length - 4) / 2 < count) {  // each tensor takes at least its dtype and dims bytes
+    throw Error(ErrorKind::kProtocol, "message header lists " + std::to_string(count) + " tensors in " +
+                                          std::to_string(length - 4) + " bytes");
+  }
   size_t at = 4;
   frame->tensors.resize(count);
   for (uint32_t i = 0; i < count; ++i) {

@@ -366,6 +366,7 @@ TEST(Frame, MalformedFlatMessageHeadersAreProtocolErrors) {
       {flat_message(0, {}, "", "", 4), "message header shorter than its tensor count"},
       {flat_message(kMaxFrameTensors + 1, {}, "", ""), "frame lists 65537 tensors, more than the 65536 a frame may carry"},
       {flat_message(2, {{kFloat, {2}}}, "", eight), "message header ends inside tensor 1"},
+      {flat_message(1000, {}, "abc", ""), "message header lists 1000 tensors in 3 bytes"},
       {flat_message(1, {{kFloat, {2, 3}}}, "", eight, 1), "message header ends inside tensor 0's shape"},
       {flat_message(1, {{99, {2}}}, "", eight), "frame tensor 0: unknown dtype 99"},
       {flat_message(1, {{kFloat, std::vector<int64_t>(65, 1)}}, "", "x"), "frame tensor 0: more than 64 dims"},

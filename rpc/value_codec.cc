@@ -13,6 +13,11 @@ namespace {
 
 constexpr int kMaxDepth = 64;
 
+// What a container reserves for the items its count claims, at most: each level checks its
+// count against the bytes left, but nested levels share those bytes, so reserving each
+// level's whole claim would multiply them (65 levels of 16 MiB worth of items).
+size_t reservable(uint32_t count) { return std::min<uint32_t>(count, 256); }
+
 enum Kind : uint8_t {
   kNone = 0,
   kFalse = 1,
@@ -203,7 +208,7 @@ namespace {
 template <typename T, typename Next>
 c10::IValue typed_list(uint32_t n, Next next, bool (c10::IValue::*is)() const, const char* name) {
   c10::List<T> out;
-  out.reserve(n);
+  out.reserve(reservable(n));
   for (uint32_t i = 0; i < n; ++i) {
     c10::IValue v = next();
     if (!(v.*is)()) throw Error(ErrorKind::kProtocol, std::string("a ") + name + " list holds another kind of value");
@@ -226,7 +231,7 @@ c10::IValue ValueReader::list(const std::vector<at::Tensor>& tensors, const Valu
     case kStringElem: return typed_list<std::string>(n, next, &c10::IValue::isString, "str");
     case kAnyElem: {
       c10::impl::GenericList out(c10::AnyType::get());
-      out.reserve(n);
+      out.reserve(reservable(n));
       for (uint32_t i = 0; i < n; ++i) out.push_back(next());
       return out;
     }
@@ -238,8 +243,8 @@ c10::IValue ValueReader::list(const std::vector<at::Tensor>& tensors, const Valu
 c10::IValue ValueReader::dict(const std::vector<at::Tensor>& tensors, const ValueHooks* hooks, int depth) {
   const uint32_t n = count(2, "a dict");
   std::vector<c10::IValue> keys, values;
-  keys.reserve(n);
-  values.reserve(n);
+  keys.reserve(reservable(n));
+  values.reserve(reservable(n));
   for (uint32_t i = 0; i < n; ++i) {
     keys.push_back(value_at(tensors, hooks, depth + 1));
     values.push_back(value_at(tensors, hooks, depth + 1));
@@ -290,7 +295,7 @@ c10::IValue ValueReader::value_at(const std::vector<at::Tensor>& tensors, const 
     case kTuple: {
       const uint32_t n = count(1, "a tuple");
       std::vector<c10::IValue> items;
-      items.reserve(n);
+      items.reserve(reservable(n));
       for (uint32_t i = 0; i < n; ++i) items.push_back(value_at(tensors, hooks, depth + 1));
       return c10::ivalue::Tuple::create(std::move(items));
     }

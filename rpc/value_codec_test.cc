@@ -3,7 +3,25 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
 #include "common/error.h"
+
+// The largest single allocation made through operator new, for the test that a hostile
+// count cannot make the decoder reserve what the bytes do not hold.
+static std::atomic<size_t> largest_new{0};
+
+void* operator new(size_t size) {
+  size_t seen = largest_new.load();
+  while (size > seen && !largest_new.compare_exchange_weak(seen, size)) {
+  }
+  if (void* p = std::malloc(size ? size : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace drpc {
 namespace {
@@ -137,6 +155,25 @@ TEST(ValueCodec, MalformedInputIsAProtocolErrorNamingWhatIsWrong) {
   for (int i = 0; i < 100; ++i) deep += std::string(1, '\x08') + '\x00' + u32(1);
   deep += '\x00';
   EXPECT_EQ(decode_error(deep).message(), "value nested deeper than 64 levels");
+}
+
+// Every level of a nested list checks its count against the bytes left, which the levels
+// share: reserving each level's whole claim would multiply them.
+TEST(ValueCodec, NestedCountsCannotMakeTheDecoderReserveMoreThanTheBytesHold) {
+  const int levels = 64;
+  const size_t padding = 1 << 20;
+  std::string bytes;
+  for (int i = 0; i < levels; ++i) {
+    const size_t left_after = (levels - i - 1) * 6 + 1 + padding;
+    bytes += std::string(1, '\x08') + '\x00' + u32(static_cast<uint32_t>(left_after));
+  }
+  bytes += '\x63';  // the innermost list's first item: a kind that does not exist
+  bytes += std::string(padding, '\0');
+  largest_new = 0;
+  const Error e = decode_error(bytes);
+  EXPECT_EQ(e.kind(), ErrorKind::kProtocol);
+  EXPECT_EQ(e.message(), "value of unknown kind 99");
+  EXPECT_LT(largest_new.load(), size_t{64} << 10) << "a count's claim was reserved";
 }
 
 TEST(ValueCodec, WhatCannotTravelIsABadArgumentNamingWhere) {
