@@ -74,9 +74,9 @@ class Transport {
 
   // Queues `header` (whose `tensors` metas the caller filled, see describe_tensors, except
   // for a MESSAGE header: see encode_frame) and the bytes of `tensors` (contiguous CPU
-  // tensors) for `dst` and returns at once. The
-  // tensors' storage is read in place until `on_sent` runs (with null on success, else
-  // the error), on a transport thread or inline; only then may the caller change them.
+  // tensors) for `dst` and returns at once. The tensors' storage is read in place until
+  // `on_sent` runs (with null on success, else the error), on a transport thread or
+  // inline; only then may the caller change them.
   // Thread-safe; frames to one peer arrive in order, several may share one network write.
   // Throws kPeerUnavailable or kShutdown when the frame cannot even be queued.
   virtual void send(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
@@ -122,10 +122,11 @@ void check_tensor_count(size_t count);
 std::vector<FrameTensor> frame_tensors(const std::vector<at::Tensor>& tensors);
 FrameTensor frame_tensor(const pg::TensorMeta& meta);
 
-// Checks that a frame's tensor metas are well formed (known dtype, at most 64 dims, a shape
-// whose element count fits int64 even past a zero dim, at most kMaxFrameTensors) and that
-// their bytes add up to `body_size` exactly; throws kProtocol naming what is wrong. Run on every frame that
-// arrives from the network, before anything is allocated for it.
+// Checks that a FrameHeader's tensor metas are well formed (known dtype, at most 64 dims, a
+// shape whose element count fits int64 even past a zero dim, at most kMaxFrameTensors) and
+// that their bytes add up to `body_size` exactly; throws kProtocol naming what is wrong.
+// read_frame_header makes the same checks on every frame that arrives from the network,
+// before anything is allocated for its tensors.
 void validate_frame(const pg::FrameHeader& header, size_t body_size);
 
 // A human-readable dtype and shape, e.g. "Float[2, 3]".
