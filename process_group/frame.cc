@@ -44,6 +44,17 @@ size_t Frame::body_size() const {
   return total;
 }
 
+const uint8_t* Frame::contiguous(size_t offset, size_t len) const {
+  for (const auto& span : body) {
+    if (offset >= span.size) {
+      offset -= span.size;
+      continue;
+    }
+    return span.size - offset >= len ? span.data + offset : nullptr;
+  }
+  return nullptr;
+}
+
 void Frame::copy_body(size_t offset, void* dst, size_t len) const {
   auto* out = static_cast<uint8_t*>(dst);
   for (const auto& span : body) {
@@ -234,19 +245,11 @@ at::Tensor tensor_from_body(const Frame& frame, const FrameTensor& meta, size_t 
   // keeps the received buffer alive instead of copying out of it.
   constexpr size_t kInPlaceBytes = 64 * 1024;
   if (meta.nbytes >= kInPlaceBytes) {
-    size_t skip = offset;
-    for (const auto& span : frame.body) {
-      if (skip >= span.size) {
-        skip -= span.size;
-        continue;
-      }
-      const uint8_t* start = span.data + skip;
-      if (span.size - skip >= meta.nbytes && reinterpret_cast<uintptr_t>(start) % 64 == 0) {
-        std::shared_ptr<void> keepalive = frame.keepalive;
-        return at::from_blob(const_cast<uint8_t*>(start), sizes, [keepalive](void*) {},
-                             at::TensorOptions().dtype(dtype));
-      }
-      break;
+    const uint8_t* start = frame.contiguous(offset, meta.nbytes);
+    if (start != nullptr && reinterpret_cast<uintptr_t>(start) % 64 == 0) {
+      std::shared_ptr<void> keepalive = frame.keepalive;
+      return at::from_blob(const_cast<uint8_t*>(start), sizes, [keepalive](void*) {},
+                           at::TensorOptions().dtype(dtype));
     }
   }
   // A large copy goes into a reused buffer (buffer_pool.h says why).
@@ -341,22 +344,6 @@ void encode_frame(const pg::FrameHeader& header, const std::vector<at::Tensor>& 
   }
 }
 
-namespace {
-
-// The `size` bytes at `offset` of `all`'s body when they lie in one span, else null.
-const uint8_t* contiguous_at(const Frame& all, size_t offset, size_t size) {
-  for (const auto& span : all.body) {
-    if (offset >= span.size) {
-      offset -= span.size;
-      continue;
-    }
-    return span.size - offset >= size ? span.data + offset : nullptr;
-  }
-  return nullptr;
-}
-
-}  // namespace
-
 std::vector<Frame> decode_wire_frames(const std::vector<ByteSpan>& pieces, std::shared_ptr<void> keepalive,
                                       int source) {
   Frame all;  // the whole message as one span list, to read across piece boundaries
@@ -379,7 +366,7 @@ std::vector<Frame> decode_wire_frames(const std::vector<ByteSpan>& pieces, std::
     Frame frame;
     frame.source = source;
     frame.keepalive = keepalive;
-    const uint8_t* header_bytes = contiguous_at(all, offset, header_size);
+    const uint8_t* header_bytes = all.contiguous(offset, header_size);
     std::string copied;
     if (header_bytes == nullptr) {  // the header straddles pieces
       copied.resize(header_size);

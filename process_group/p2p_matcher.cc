@@ -64,10 +64,9 @@ WorkPtr P2PMatcher::recv(const std::vector<at::Tensor>& tensors, int src_rank, i
     }
     size_t offset = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
-      const pg::TensorMeta mine = meta_of(tensors[i]);
-      if (mine.dtype() != metas[i].dtype ||
-          !std::equal(mine.sizes().begin(), mine.sizes().end(), metas[i].sizes.begin(), metas[i].sizes.end())) {
-        return mismatch("tensor " + std::to_string(i) + " is " + describe_meta(mine) + " here but " +
+      if (static_cast<int32_t>(tensors[i].scalar_type()) != metas[i].dtype ||
+          tensors[i].sizes() != at::IntArrayRef(metas[i].sizes)) {
+        return mismatch("tensor " + std::to_string(i) + " is " + describe_meta(meta_of(tensors[i])) + " here but " +
                         describe_meta(metas[i]) + " arrived");
       }
     }

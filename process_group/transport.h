@@ -50,6 +50,8 @@ struct Frame {
   // Copies `len` bytes from byte `offset` of the body to `dst` (nothing where the body is
   // already there: a frame received in place).
   void copy_body(size_t offset, void* dst, size_t len) const;
+  // The `len` body bytes from byte `offset` when they lie in one fragment, else null.
+  const uint8_t* contiguous(size_t offset, size_t len) const;
 };
 
 // Where a transport delivers what arrives. Called on transport threads, in order per

@@ -1,51 +1,12 @@
 #include "rpc/envelope.h"
 
-#include <cstring>
-
 #include "common/error_wire.h"
 #include "rpc/rpc_agent.h"
+#include "rpc/value_codec.h"
 
 namespace drpc {
 
 namespace {
-
-template <typename T>
-void put(std::string& out, T value) {
-  out.append(reinterpret_cast<const char*>(&value), sizeof value);  // little-endian hosts only
-}
-
-void put_bytes(std::string& out, const std::string& bytes) {
-  put(out, static_cast<uint32_t>(bytes.size()));
-  out += bytes;
-}
-
-// Reads the flat fields in order, each bounded by what is left.
-class Reader {
- public:
-  explicit Reader(const std::string& bytes) : bytes_(bytes) {}
-
-  template <typename T>
-  bool get(T* value) {
-    if (bytes_.size() - at_ < sizeof(T)) return false;
-    std::memcpy(value, bytes_.data() + at_, sizeof(T));
-    at_ += sizeof(T);
-    return true;
-  }
-  // A length-prefixed field, as a pointer into the bytes and its size.
-  bool get_bytes(const char** data, size_t* size) {
-    uint32_t length = 0;
-    if (!get(&length) || bytes_.size() - at_ < length) return false;
-    *data = bytes_.data() + at_;
-    *size = length;
-    at_ += length;
-    return true;
-  }
-  size_t at() const { return at_; }
-
- private:
-  const std::string& bytes_;
-  size_t at_ = 0;
-};
 
 constexpr uint8_t kEnvelopeFlags =
     kEnvelopeResponse | kEnvelopeProfile | kEnvelopeError | kEnvelopeExtensions | kEnvelopeProfileSpans;
@@ -65,78 +26,68 @@ std::string encode_envelope(rpc::Envelope& envelope) {
   size += envelope.has_profile_spans() ? 4 + spans.size() : 0;
   std::string out;
   out.reserve(size);
-  put(out, flags);
-  put(out, envelope.type());
-  put(out, envelope.id());
-  put_bytes(out, envelope.what());
+  encode_fixed(flags, &out);
+  encode_fixed(envelope.type(), &out);
+  encode_fixed(envelope.id(), &out);
+  encode_bytes(envelope.what(), &out);
   if (error) {
-    put(out, static_cast<int32_t>(envelope.error_kind()));
-    put_bytes(out, envelope.error());
+    encode_fixed(static_cast<int32_t>(envelope.error_kind()), &out);
+    encode_bytes(envelope.error(), &out);
   }
   if (!envelope.extensions().empty()) {
-    put(out, static_cast<uint32_t>(envelope.extensions().size()));
+    encode_count(envelope.extensions().size(), &out);
     for (const auto& [id, bytes] : envelope.extensions()) {
-      put(out, id);
-      put_bytes(out, bytes);
+      encode_fixed(id, &out);
+      encode_bytes(bytes, &out);
     }
   }
-  if (envelope.has_profile_spans()) put_bytes(out, spans);
+  if (envelope.has_profile_spans()) encode_bytes(spans, &out);
   out += envelope.payload();
   envelope.clear_payload();
   return out;
 }
 
 bool decode_envelope(std::string bytes, rpc::Envelope* envelope, std::string* problem) {
-  Reader in(bytes);
-  uint8_t flags = 0;
-  int32_t type = 0;
-  int64_t id = 0;
-  const char* data = nullptr;
-  size_t size = 0;
-  if (!in.get(&flags) || !in.get(&type) || !in.get(&id) || !in.get_bytes(&data, &size)) {
-    *problem = "an envelope shorter than its fixed fields";
-    return false;
-  }
-  if (flags & ~kEnvelopeFlags) {
-    *problem = "an envelope with unknown flags " + std::to_string(flags);
-    return false;
-  }
-  envelope->set_type(type);
-  envelope->set_id(id);
-  envelope->set_is_response(flags & kEnvelopeResponse);
-  envelope->set_profile(flags & kEnvelopeProfile);
-  if (size > 0) envelope->set_what(data, size);  // an empty field allocates nothing, as in a parse
-  if (flags & kEnvelopeError) {
-    int32_t kind = 0;
-    if (!in.get(&kind) || !in.get_bytes(&data, &size)) {
-      *problem = "an envelope whose error ends early";
+  ValueReader in(bytes);
+  // What a field cut short means, for the part being read.
+  const char* part = "an envelope shorter than its fixed fields";
+  try {
+    const auto flags = in.fixed<uint8_t>("flags");
+    envelope->set_type(in.fixed<int32_t>("type"));
+    envelope->set_id(in.fixed<int64_t>("id"));
+    std::string what = in.bytes("what");
+    if (flags & ~kEnvelopeFlags) {
+      *problem = "an envelope with unknown flags " + std::to_string(flags);
       return false;
     }
-    envelope->set_error_kind(static_cast<drpc::wire::ErrorKind>(kind));
-    envelope->set_error(data, size);
-  }
-  if (flags & kEnvelopeExtensions) {
-    uint32_t count = 0;
-    if (!in.get(&count)) {
-      *problem = "an envelope whose extensions end early";
-      return false;
+    envelope->set_is_response(flags & kEnvelopeResponse);
+    envelope->set_profile(flags & kEnvelopeProfile);
+    if (!what.empty()) envelope->set_what(std::move(what));  // an empty field allocates nothing, as in a parse
+    if (flags & kEnvelopeError) {
+      part = "an envelope whose error ends early";
+      envelope->set_error_kind(static_cast<drpc::wire::ErrorKind>(in.fixed<int32_t>("error kind")));
+      envelope->set_error(in.bytes("error"));
     }
-    for (uint32_t i = 0; i < count; ++i) {  // each takes at least 8 bytes: bounded by the size
-      int32_t extension = 0;
-      if (!in.get(&extension) || !in.get_bytes(&data, &size)) {
-        *problem = "an envelope whose extensions end early";
+    if (flags & kEnvelopeExtensions) {
+      part = "an envelope whose extensions end early";
+      const uint32_t count = in.count(8, "extensions");
+      for (uint32_t i = 0; i < count; ++i) {
+        const auto extension = in.fixed<int32_t>("extension id");
+        (*envelope->mutable_extensions())[extension] = in.bytes("extension");
+      }
+    }
+    if (flags & kEnvelopeProfileSpans) {
+      part = "an envelope with malformed profile spans";
+      if (!envelope->mutable_profile_spans()->ParseFromString(in.bytes("profile spans"))) {
+        *problem = part;
         return false;
       }
-      (*envelope->mutable_extensions())[extension].assign(data, size);
     }
+  } catch (const Error&) {
+    *problem = part;
+    return false;
   }
-  if (flags & kEnvelopeProfileSpans) {
-    if (!in.get_bytes(&data, &size) || !envelope->mutable_profile_spans()->ParseFromArray(data, static_cast<int>(size))) {
-      *problem = "an envelope with malformed profile spans";
-      return false;
-    }
-  }
-  bytes.erase(0, in.at());  // the payload, in the buffer it arrived in
+  bytes.erase(0, bytes.size() - in.left());  // the payload, in the buffer it arrived in
   envelope->set_payload(std::move(bytes));
   return true;
 }

@@ -47,11 +47,6 @@ Elem elem_of(const c10::TypePtr& type) {
   }
 }
 
-template <typename T>
-void put(std::string* out, T value) {
-  out->append(reinterpret_cast<const char*>(&value), sizeof value);  // little-endian hosts only
-}
-
 void encode_items(c10::ArrayRef<c10::IValue> items, std::string* out, std::vector<at::Tensor>* tensors,
                   const ValuePath& path, const ValueHooks* hooks) {
   encode_count(items.size(), out);
@@ -92,7 +87,7 @@ std::string ValuePath::str() const {
 
 void encode_count(size_t count, std::string* out) {
   if (count > UINT32_MAX) throw Error(ErrorKind::kBadArgument, "more than 2^32 items cannot travel");
-  put(out, static_cast<uint32_t>(count));
+  encode_fixed(static_cast<uint32_t>(count), out);
 }
 
 void encode_bytes(const std::string& bytes, std::string* out) {
@@ -105,53 +100,53 @@ void encode_value(const c10::IValue& value, std::string* out, std::vector<at::Te
   if (hooks && hooks->encode_custom) {
     std::string bytes;
     if (hooks->encode_custom(value, &bytes)) {
-      put(out, kRRef);
+      encode_fixed(kRRef, out);
       encode_bytes(bytes, out);
       return;
     }
   }
   if (value.isNone()) {
-    put(out, kNone);
+    encode_fixed(kNone, out);
   } else if (value.isBool()) {
-    put(out, value.toBool() ? kTrue : kFalse);
+    encode_fixed(value.toBool() ? kTrue : kFalse, out);
   } else if (value.isInt()) {
-    put(out, kInt);
-    put(out, value.toInt());
+    encode_fixed(kInt, out);
+    encode_fixed(value.toInt(), out);
   } else if (value.isDouble()) {
-    put(out, kFloat);
-    put(out, value.toDouble());
+    encode_fixed(kFloat, out);
+    encode_fixed(value.toDouble(), out);
   } else if (value.isComplexDouble()) {
     const auto c = value.toComplexDouble();
-    put(out, kComplex);
-    put(out, c.real());
-    put(out, c.imag());
+    encode_fixed(kComplex, out);
+    encode_fixed(c.real(), out);
+    encode_fixed(c.imag(), out);
   } else if (value.isString()) {
-    put(out, kString);
+    encode_fixed(kString, out);
     encode_bytes(value.toStringRef(), out);
   } else if (value.isTensor()) {
     const at::Tensor& t = value.toTensor();
     if (!t.defined()) {
-      put(out, kNone);
+      encode_fixed(kNone, out);
     } else {
       if (!t.device().is_cpu() || t.layout() != c10::kStrided || t.is_quantized()) {
         throw Error(ErrorKind::kBadArgument, path.str() + ": only dense CPU tensors can be sent, got " + t.toString());
       }
-      put(out, kTensor);
+      encode_fixed(kTensor, out);
       encode_count(tensors->size(), out);
       // Not detached: distributed autograd's interceptor records the tensors that
       // require grad (and detaches them) before the message leaves.
       tensors->push_back(t.contiguous());
     }
   } else if (value.isList()) {
-    put(out, kList);
-    put(out, elem_of(value.toList().elementType()));
+    encode_fixed(kList, out);
+    encode_fixed(elem_of(value.toList().elementType()), out);
     encode_items(value.toListRef(), out, tensors, path, hooks);
   } else if (value.isTuple()) {
-    put(out, kTuple);
+    encode_fixed(kTuple, out);
     encode_items(value.toTupleRef().elements().asArrayRef(), out, tensors, path, hooks);
   } else if (value.isGenericDict()) {
     const auto dict = value.toGenericDict();
-    put(out, kDict);
+    encode_fixed(kDict, out);
     encode_count(dict.size(), out);
     for (const auto& entry : dict) {
       encode_value(entry.key(), out, tensors, path.key(), hooks);
@@ -161,16 +156,6 @@ void encode_value(const c10::IValue& value, std::string* out, std::vector<at::Te
     throw Error(ErrorKind::kBadArgument, path.str() + ": a value of type " + value.type()->str() +
                                              " cannot be sent (the wire carries data, never code or objects)");
   }
-}
-
-template <typename T>
-T ValueReader::fixed(const char* what) {
-  if (left_ < sizeof(T)) throw Error(ErrorKind::kProtocol, std::string(what) + " is cut short");
-  T v;
-  std::memcpy(&v, data_, sizeof v);
-  data_ += sizeof v;
-  left_ -= sizeof v;
-  return v;
 }
 
 uint32_t ValueReader::count(size_t min_item_bytes, const char* what) {

@@ -4,9 +4,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "common/error.h"
 
 namespace drpc {
 
@@ -63,7 +66,13 @@ class ValuePath {
 void encode_value(const c10::IValue& value, std::string* out, std::vector<at::Tensor>* tensors,
                   const ValuePath& path, const ValueHooks* hooks = nullptr);
 
-// Appends a length-prefixed string ([u32 length][bytes]), as values and calls carry names.
+// The fields around values, for the formats built of them (calls, the agent's envelope):
+// a fixed-width integer or float, a length-prefixed string ([u32 length][bytes]), a u32
+// count (kBadArgument past 2^32).
+template <typename T>
+void encode_fixed(T value, std::string* out) {
+  out->append(reinterpret_cast<const char*>(&value), sizeof value);  // little-endian hosts only
+}
 void encode_bytes(const std::string& bytes, std::string* out);
 void encode_count(size_t count, std::string* out);
 
@@ -80,19 +89,29 @@ class ValueReader {
   // the sender's were. Malformed: a bad tensor index, nesting deeper than 64 levels, an
   // unknown kind.
   c10::IValue value(const std::vector<at::Tensor>& tensors, const ValueHooks* hooks = nullptr);
+  // A fixed-width integer or float.
+  template <typename T>
+  T fixed(const char* what) {
+    if (left_ < sizeof(T)) throw Error(ErrorKind::kProtocol, std::string(what) + " is cut short");
+    T v;
+    std::memcpy(&v, data_, sizeof v);
+    data_ += sizeof v;
+    left_ -= sizeof v;
+    return v;
+  }
   // A u32 count of items that take at least `min_item_bytes` each.
   uint32_t count(size_t min_item_bytes, const char* what);
   // A length-prefixed string.
   std::string bytes(const char* what);
   // Throws unless every byte was read.
   void expect_end(const char* what) const;
+  // The bytes not read yet.
+  size_t left() const { return left_; }
 
  private:
   c10::IValue value_at(const std::vector<at::Tensor>& tensors, const ValueHooks* hooks, int depth);
   c10::IValue list(const std::vector<at::Tensor>& tensors, const ValueHooks* hooks, int depth);
   c10::IValue dict(const std::vector<at::Tensor>& tensors, const ValueHooks* hooks, int depth);
-  template <typename T>
-  T fixed(const char* what);
 
   const char* data_;
   size_t left_;
