@@ -139,7 +139,7 @@ Context::Context(Runtime& runtime) : runtime_(runtime) {
 Context::~Context() {
   runtime_.autograd().set_current_context(previous_);
   try {
-    runtime_.autograd().release(id_);
+    (void)runtime_.autograd().release(id_);  // the other workers are told; not waited for
   } catch (const std::exception& e) {
     LOG(WARNING) << "releasing autograd context " << id_ << ": " << e.what();
   }

@@ -176,7 +176,8 @@ void shutdown(bool graceful = true, std::chrono::milliseconds timeout = std::chr
 namespace dist_autograd {
 
 // A distributed autograd context for the calling thread, released on every worker that
-// took part when it goes out of scope. Calls made on this thread inside it are recorded.
+// took part when it goes out of scope (here at once; the others are told and not waited
+// for, as with torch.distributed.autograd). Calls made on this thread inside it are recorded.
 // A thread has one at a time: throws kBadArgument if it already has one.
 class Context {
  public:

@@ -72,8 +72,9 @@ class Container final : public AutogradContainer, public std::enable_shared_from
         [self](const WorkerInfo& from, Message& m) { self->on_receive(from, m); }});
     agent_.register_handler(kAutogradBackward,
                             [self](const WorkerInfo& from, Message m) { return self->on_backward(from, std::move(m)); });
-    agent_.register_handler(kAutogradRelease,
-                            [self](const WorkerInfo& from, Message m) { return self->on_release(from, std::move(m)); });
+    agent_.register_handler(
+        kAutogradRelease, [self](const WorkerInfo& from, Message m) { return self->on_release(from, std::move(m)); },
+        RpcAgent::always_inline());
     std::weak_ptr<Container> weak = self;
     agent_.add_peer_failure_listener([weak](const WorkerInfo& peer, const Error&) {
       if (auto container = weak.lock()) container->reclaim_contexts_of(peer);
@@ -88,7 +89,7 @@ class Container final : public AutogradContainer, public std::enable_shared_from
     return id;
   }
 
-  void release(int64_t context_id) override { release_from(context_id, agent_.self().id); }
+  FuturePtr release(int64_t context_id) override { return release_from(context_id, agent_.self().id); }
 
   bool has_context(int64_t context_id) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -176,6 +177,8 @@ class Container final : public AutogradContainer, public std::enable_shared_from
     // handler's thread is in one of its own.
     const auto carried = record_of(m.extensions);
     m.extensions.erase(kAutogradExtension);
+    // A release sent from inside the context it releases must not bring it back to life.
+    if (m.type == kAutogradRelease) return;
     const int64_t context_id = carried ? carried->context() : thread_context();
     if (context_id < 0) return;
     bool any = false;
@@ -210,7 +213,7 @@ class Container final : public AutogradContainer, public std::enable_shared_from
 
   void on_receive(const WorkerInfo& from, Message& m) {
     const auto record = record_of(m.extensions);
-    if (!record || record->context() < 0) return;
+    if (!record || record->context() < 0 || m.type == kAutogradRelease) return;
     auto context = get_or_create(record->context());
     if (record->message() < 0) {  // the context only, no tensors requiring grad
       std::lock_guard<std::mutex> lock(context->mu);
@@ -353,43 +356,65 @@ class Container final : public AutogradContainer, public std::enable_shared_from
     return run(request.context(), *context, send->next_edges(), inputs);
   }
 
+  // Runs on the network thread (it never blocks); its reply waits for the workers this one
+  // passed the release on to, so the creator's future covers the whole graph.
   FuturePtr on_release(const WorkerInfo& from, Message m) {
     autograd::Backward request;
     if (!request.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed release message");
-    release_from(request.context(), from.id);
-    auto done = make_message_future();
-    done->markCompleted(message_to_ivalue(Message{kAutogradRelease, "", {}}));
-    return done;
+    return release_from(request.context(), from.id);
   }
 
-  // Forgets the context here, then on every worker it touched except `from`.
-  void release_from(int64_t context_id, int from) {
+  // Forgets the context here, then tells every worker it touched except `from`, without
+  // waiting. The future (a Message) completes once they all have; a worker that cannot be
+  // told (it is gone, or the job is shutting down) holds nothing to release, or reclaims it.
+  FuturePtr release_from(int64_t context_id, int from) {
+    auto done = make_message_future();
     std::shared_ptr<Context> context;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = contexts_.find(context_id);
-      if (it == contexts_.end()) return;
-      context = it->second;
-      contexts_.erase(it);
+      if (it != contexts_.end()) {
+        context = it->second;
+        contexts_.erase(it);
+      }
     }
     std::set<int> workers;
-    {
+    if (context) {
       std::lock_guard<std::mutex> lock(context->mu);
       workers = context->workers;
     }
+    workers.erase(from);
+    workers.erase(agent_.self().id);
+    // Dropped here, on the releasing thread, and not in a reply's callback.
+    context.reset();
+    if (workers.empty()) {
+      done->markCompleted(message_to_ivalue(Message{kAutogradRelease, "", {}}));
+      return done;
+    }
     autograd::Backward request;
     request.set_context(context_id);
-    std::vector<FuturePtr> pending;
+    const std::string payload = request.SerializeAsString();
+    auto left = std::make_shared<std::atomic<size_t>>(workers.size());
+    auto one_done = [done, left] {
+      if (left->fetch_sub(1) == 1) done->markCompleted(message_to_ivalue(Message{kAutogradRelease, "", {}}));
+    };
+    const std::string name = agent_.self().name;
     for (int w : workers) {
-      if (w == from || w == agent_.self().id) continue;
+      FuturePtr sent;
       try {
-        pending.push_back(agent_.send(agent_.worker(w), Message{kAutogradRelease, request.SerializeAsString(), {}},
-                                      agent_.default_timeout(), "release of autograd context"));
+        sent = agent_.send(agent_.worker(w), Message{kAutogradRelease, payload, {}}, agent_.default_timeout(),
+                           "release of autograd context");
       } catch (const Error& e) {
-        LOG(WARNING) << agent_.self().name << ": " << e.what();
+        VLOG(1) << name << ": releasing autograd context " << context_id << ": " << e.what();
+        one_done();
+        continue;
       }
+      sent->addCallback([one_done, name, context_id](c10::ivalue::Future& f) {
+        if (f.hasError()) VLOG(1) << name << ": releasing autograd context " << context_id << ": " << f.tryRetrieveErrorMessage();
+        one_done();
+      });
     }
-    for (auto& f : pending) f->wait();  // errors (a gone worker) leave nothing to release
+    return done;
   }
 
   std::shared_ptr<Context> find(int64_t id) {

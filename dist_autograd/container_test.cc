@@ -109,9 +109,11 @@ TEST_F(ContainerTest, BackwardThroughAnotherWorkerLeavesTheGradientInTheContext)
   ASSERT_EQ(grads.size(), 1u);
   EXPECT_TRUE(at::allclose(grads.at(x), at::full({3}, 12.0)));  // d(3x^2)/dx = 6x
   EXPECT_FALSE(x.grad().defined());  // in the context, not in .grad
-  containers_[0]->release(id);
-  EXPECT_FALSE(containers_[0]->has_context(id));
-  EXPECT_FALSE(containers_[1]->has_context(id));  // release waits for every worker
+  FuturePtr released = containers_[0]->release(id);
+  EXPECT_FALSE(containers_[0]->has_context(id));  // here at once
+  released->wait();
+  EXPECT_FALSE(released->hasError());
+  EXPECT_FALSE(containers_[1]->has_context(id));  // everywhere once the future completes
 }
 
 TEST_F(ContainerTest, AContextUnusedForTheTtlIsReclaimedOnItsExecutorsClockOnlyWhereItIsForeign) {

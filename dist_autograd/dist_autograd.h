@@ -37,8 +37,11 @@ class AutogradContainer {
 
   // A new context on this worker.
   virtual int64_t new_context() = 0;
-  // Releases `context_id` here and on every worker that took part, and waits for them.
-  virtual void release(int64_t context_id) = 0;
+  // Forgets `context_id` here at once and tells every worker that took part, without
+  // waiting for them (as torch.distributed.autograd does: a training step does not pay a
+  // round trip for it). The future completes once they all have forgotten it; it never
+  // fails (a worker that is gone or shutting down reclaims its contexts itself).
+  virtual FuturePtr release(int64_t context_id) = 0;
   virtual bool has_context(int64_t context_id) = 0;
   virtual int64_t num_contexts() = 0;
 

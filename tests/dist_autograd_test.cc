@@ -6,6 +6,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -83,10 +84,25 @@ at::Tensor grad_of(const c10::Dict<at::Tensor, at::Tensor>& grads, const at::Ten
   return it == grads.end() ? at::Tensor() : it->value();
 }
 
+// Whether `held` turns false on every worker of `job` within 30 s. A context's creator
+// releases it without waiting for the others, so they let go of it a moment later; the
+// test has no future to wait on, only their state to watch.
+bool released_everywhere(Job& job, const std::function<bool(Runtime&)>& held) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (int r = 0; r < job.size(); ++r) {
+    while (held(job[r])) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  return true;
+}
+
 class DistAutogradTest : public testing::JobOnEveryNetwork<3> {
  protected:
   // Every test leaves no context behind on any worker.
   void TearDown() override {
+    released_everywhere(*job_, [](Runtime& w) { return w.autograd().num_contexts() > 0; });
     for (int r = 0; r < job_->size(); ++r) {
       EXPECT_EQ((*job_)[r].autograd().num_contexts(), 0) << "worker" << r;
     }
@@ -179,9 +195,21 @@ TEST_P(DistAutogradTest, ContextsAreReleasedEverywhere) {
     at::Tensor y = job[0].rpc_sync("worker1", "ag.relay", {c10::List<std::string>({"worker2"}), leaf(6)}).toTensor();
     job[0].autograd().backward(id, {y.sum()}, false);
     EXPECT_TRUE(job[1].autograd().has_context(id));
-    EXPECT_TRUE(job[2].autograd().has_context(id));
+    EXPECT_TRUE(job[2].autograd().has_context(id));  // reached through worker1
   }
-  for (int r = 0; r < 3; ++r) EXPECT_FALSE(job[r].autograd().has_context(id)) << "worker" << r;
+  EXPECT_FALSE(job[0].autograd().has_context(id));  // the creator's at once
+  EXPECT_TRUE(released_everywhere(job, [id](Runtime& w) { return w.autograd().has_context(id); }));
+  // An explicit release's future completes once every worker, worker2 through worker1, let go.
+  {
+    dist_autograd::Context ctx(job[0]);
+    id = ctx.id();
+    at::Tensor y = job[0].rpc_sync("worker1", "ag.relay", {c10::List<std::string>({"worker2"}), leaf(6)}).toTensor();
+    job[0].autograd().backward(id, {y.sum()}, false);
+    FuturePtr released = job[0].autograd().release(id);
+    released->wait();
+    EXPECT_FALSE(released->hasError());
+    for (int r = 0; r < 3; ++r) EXPECT_FALSE(job[r].autograd().has_context(id)) << "worker" << r;
+  }
 }
 
 TEST_P(DistAutogradTest, BadRootsAndRemoteBackwardErrors) {
