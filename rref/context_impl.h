@@ -79,6 +79,10 @@ class ContextImpl final : public RRefContext, public HandleHost, public std::ena
   FuturePtr on_control_batch(const WorkerInfo& from, Message m);
   // Applies one control from `from`; throws what the single message's handler would.
   void apply_control(const WorkerInfo& from, int32_t type, const rref::Control& control);
+  // The interceptor's halves: controls waiting to ride to `to` go on `m`; those riding on
+  // a message from `from` are applied (before its handler or its caller's future).
+  void carry_controls(const WorkerInfo& to, Message& m);
+  void apply_carried_controls(const WorkerInfo& from, Message& m);
   void on_peer_failed(const WorkerInfo& peer, const Error& reason);
   // Throws kPeerUnavailable naming the owner when it is gone.
   void check_owner_alive(const WorkerInfo& owner, const Id& rref);

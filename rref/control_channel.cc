@@ -50,6 +50,42 @@ void ControlChannel::send(const Control& control) {
   schedule_locked(Attempt{control, 0}, std::chrono::milliseconds(0));
 }
 
+void ControlChannel::send_carried(const Control& control, std::chrono::milliseconds window) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_ || gone_.count(control.to)) return;
+  ++in_flight_;
+  Attempt a{control, 0};
+  a.carried = true;
+  ++carried_;
+  schedule_locked(a, window);  // leaves alone once due, if nothing carried it before
+}
+
+std::vector<Control> ControlChannel::take_carried(int peer) {
+  std::vector<Control> taken;
+  if (carried_.load(std::memory_order_relaxed) == 0) return taken;  // on every message: no lock
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return taken;
+    for (auto it = waiting_.begin(); it != waiting_.end() && taken.size() < static_cast<size_t>(kMaxControlBatch);) {
+      if (it->second.carried && it->second.control.to == peer) {
+        taken.push_back(it->second.control);
+        it = erase_waiting_locked(it);
+        finished_locked();
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const Control& c : taken) done_(c, nullptr);
+  return taken;
+}
+
+std::map<int64_t, ControlChannel::Attempt>::iterator ControlChannel::erase_waiting_locked(
+    std::map<int64_t, Attempt>::iterator it) {
+  if (it->second.carried) --carried_;
+  return waiting_.erase(it);
+}
+
 void ControlChannel::schedule_locked(Attempt a, std::chrono::milliseconds delay) {
   const int64_t key = ++last_key_;
   a.due = delay.count() == 0;
@@ -92,7 +128,8 @@ void ControlChannel::send_waiting(int64_t key) {
     for (it = waiting_.begin(); it != waiting_.end() && batch.size() < static_cast<size_t>(kMaxControlBatch);) {
       if (it->second.control.to == peer && it->second.due) {
         batch.push_back(it->second);
-        it = waiting_.erase(it);
+        batch.back().carried = false;  // a retry of it leaves alone
+        it = erase_waiting_locked(it);
       } else {
         ++it;
       }
@@ -218,7 +255,7 @@ void ControlChannel::peer_failed(int peer) {
   if (!gone_.insert(peer).second) return;
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     if (it->second.control.to == peer) {
-      it = waiting_.erase(it);
+      it = erase_waiting_locked(it);
       finished_locked();
     } else {
       ++it;
@@ -235,6 +272,7 @@ void ControlChannel::stop() {
   std::lock_guard<std::mutex> lock(mu_);
   stopped_ = true;
   waiting_.clear();
+  carried_ = 0;
   idle_.notify_all();
 }
 

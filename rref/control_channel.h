@@ -10,6 +10,7 @@
 // batch (kRRefControlBatch, in order, one outcome per control) when it is answered. A
 // program that lets go of many RRefs at once costs a few round trips, not one each.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -45,6 +46,14 @@ class ControlChannel : public std::enable_shared_from_this<ControlChannel> {
   // Queues `control`; never sends on this thread, so it may be called under the caller's
   // lock. Dropped after stop() or when its peer is known gone. Thread-safe.
   void send(const Control& control);
+  // As send(), but `control` first waits up to `window` to ride on the next message to its
+  // peer (take_carried()), and leaves alone only if none goes. For controls whose delay
+  // harms nothing: a child accept only lets the parent drop a reference it kept.
+  void send_carried(const Control& control, std::chrono::milliseconds window);
+  // Takes the controls waiting to ride to `peer` (at most kMaxControlBatch, in order): the
+  // caller puts them on a message to it that its agent cannot refuse, and they count as
+  // delivered. Without the lock when none waits. Thread-safe.
+  std::vector<Control> take_carried(int peer);
   // `peer` is gone: its waiting controls are withdrawn, later ones dropped. Thread-safe.
   void peer_failed(int peer);
   // Waits until no control is queued, waiting for a retry or awaiting its answer; false
@@ -57,10 +66,12 @@ class ControlChannel : public std::enable_shared_from_this<ControlChannel> {
   struct Attempt {
     Control control;
     int attempt = 0;
-    bool due = false;  // a retry is not until its backoff has passed
+    bool due = false;       // a retry is not until its backoff has passed
+    bool carried = false;   // waiting to ride on another message (send_carried)
   };
   ControlChannel(RpcAgent& agent, Executor& executor, const RRefOptions& options, Done done);
   void schedule_locked(Attempt a, std::chrono::milliseconds delay);
+  std::map<int64_t, Attempt>::iterator erase_waiting_locked(std::map<int64_t, Attempt>::iterator it);
   void make_due(int64_t key);
   void send_waiting(int64_t key);
   // Sets errors[i] for each control of `batch` the owner's answer (`reply_value`) says failed.
@@ -86,6 +97,7 @@ class ControlChannel : public std::enable_shared_from_this<ControlChannel> {
   std::set<int> gone_;
   std::set<int> busy_;  // peers with a message in flight
   bool stopped_ = false;
+  std::atomic<int64_t> carried_{0};  // attempts in waiting_ with `carried` set (written under mu_)
 };
 
 }  // namespace rref_internal

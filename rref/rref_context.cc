@@ -87,13 +87,68 @@ void ContextImpl::install() {
   controls_ = ControlChannel::create(agent_, executor_, options_, [weak](const Control& c, std::exception_ptr error) {
     if (auto self = weak.lock()) self->control_done(c, error);
   });
+  agent_.add_interceptor(RpcAgent::Interceptor{
+      [this](const WorkerInfo& to, Message& m) { carry_controls(to, m); },
+      [this](const WorkerInfo& from, Message& m) { apply_carried_controls(from, m); }});
+}
+
+// A user that passes an RRef to its owner in a call gets the owner's child accept back on
+// the call's reply, not in a message of its own (and one answering it): two messages
+// fewer per such call. The accept waits at most this long for a message to ride on.
+constexpr auto kCarryWindow = std::chrono::milliseconds(2);
+// Carried only on messages whose header is far below the 16 MiB a frame's header may
+// have, so that no carrier is refused for its size (and the controls on it lost).
+constexpr size_t kCarrierPayloadLimit = 8u << 20;
+
+void ContextImpl::carry_controls(const WorkerInfo& to, Message& m) {
+  if (to.id == self().id || m.payload.size() > kCarrierPayloadLimit) return;
+  const std::vector<Control> carried = controls_->take_carried(to.id);
+  if (carried.empty()) return;
+  rref::ControlBatch wire;
+  for (const Control& c : carried) {
+    auto* item = wire.add_items();
+    item->set_type(c.type);
+    to_proto(c.rref, item->mutable_control()->mutable_rref());
+    to_proto(c.fork, item->mutable_control()->mutable_fork());
+  }
+  m.extensions[kRRefCarriedControls] = wire.SerializeAsString();
+}
+
+void ContextImpl::apply_carried_controls(const WorkerInfo& from, Message& m) {
+  auto it = m.extensions.find(kRRefCarriedControls);
+  if (it == m.extensions.end()) return;
+  rref::ControlBatch batch;
+  const bool parsed = batch.ParseFromString(it->second);
+  m.extensions.erase(it);  // the handler and the caller never see it
+  if (!parsed || batch.items_size() > kMaxControlBatch) {
+    LOG(WARNING) << self().name << ": dropped malformed RRef controls riding on a message from " << from.name;
+    return;
+  }
+  for (const auto& item : batch.items()) {
+    if (item.type() != kRRefChildAccept) {  // only accepts ride: anything else was not sent by drpc
+      LOG(WARNING) << self().name << ": dropped an RRef control of type " << item.type() << " riding on a message from "
+                   << from.name;
+      continue;
+    }
+    try {
+      apply_control(from, item.type(), item.control());
+    } catch (const std::exception& e) {
+      LOG(WARNING) << self().name << ": RRef control from " << from.name << ": " << e.what();
+    }
+  }
 }
 
 // --- the ledger's effects -------------------------------------------------------------------
 
 ContextImpl::Outcome ContextImpl::apply_locked(Effects effects) {
   Outcome outcome;
-  for (const Control& c : effects.controls) controls_->send(c);  // queued, never sent on this thread
+  for (const Control& c : effects.controls) {  // queued, never sent on this thread
+    if (c.type == kRRefChildAccept) {
+      controls_->send_carried(c, kCarryWindow);
+    } else {
+      controls_->send(c);
+    }
+  }
   for (const Id& rref : effects.released_owners) {
     auto it = kept_.find(rref);
     if (it == kept_.end()) continue;

@@ -36,6 +36,10 @@ DRPC_REGISTER_FUNCTION("rref.sum", [](c10::IValue rref) {
   return RRef::from_ivalue(rref).to_here().toTensor().sum().item<double>();
 });
 DRPC_REGISTER_FUNCTION("rref.is_owner", [](c10::IValue rref) { return RRef::from_ivalue(rref).is_owner(); });
+DRPC_REGISTER_FUNCTION("rref.gated_is_owner", [](c10::IValue rref) {
+  g_gate->wait();
+  return RRef::from_ivalue(rref).is_owner();
+});
 DRPC_REGISTER_FUNCTION("rref.local_sum", [](c10::IValue rref) {
   return RRef::from_ivalue(rref).local_value().toTensor().sum().item<double>();
 });
@@ -334,6 +338,79 @@ TEST_P(RRefTest, UserSharesWithTheOwner) {
   RRef r = job[0].remote("worker1", "rref.scale", {at::ones({3}), 2.0});
   EXPECT_TRUE(job[0].rpc_sync("worker1", "rref.is_owner", {r.to_ivalue()}).toBool());
   EXPECT_EQ(job[0].rpc_sync("worker1", "rref.local_sum", {r.to_ivalue()}).toDouble(), 6.0);
+}
+
+// RRef control messages (alone or batched) `from` sent to `to`.
+int64_t controls_sent(Runtime& from, const std::string& to) {
+  int64_t sent = 0;
+  for (const auto& [key, count] : from.metrics().calls_sent) {
+    if (key.first.rfind("RRef control", 0) == 0 && key.second == to) sent += count;
+  }
+  return sent;
+}
+
+// The owner's child accept for an RRef a user passes back to it rides on the call's reply:
+// the user keeps nothing pending once the call returns, and no control went back alone.
+TEST_P(RRefTest, AnRRefPassedToItsOwnerIsAcceptedOnTheCallsReply) {
+  Job& job = *job_;
+  RRef r = job[0].remote("worker1", "rref.scale", {at::ones({3}), 2.0});
+  r.to_here();
+  const int64_t before = controls_sent(job[1], "worker0");
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_TRUE(job[0].rpc_sync("worker1", "rref.is_owner", {r.to_ivalue()}).toBool());
+    EXPECT_EQ(job[0].rref_counts().pending_children, 0) << "after call " << i;
+  }
+  EXPECT_EQ(controls_sent(job[1], "worker0"), before);
+}
+
+// With no message going back to ride on, the accept leaves alone: the user lets go of the
+// reference it kept while the call still runs.
+TEST_P(RRefTest, AnAcceptWithNothingToRideOnLeavesAlone) {
+  Job& job = *job_;
+  Gate gate;
+  g_gate = &gate;
+  RRef r = job[0].remote("worker1", "rref.scale", {at::ones({3}), 2.0});
+  r.to_here();
+  auto call = job[0].rpc_async("worker1", "rref.gated_is_owner", {r.to_ivalue()});
+  gate.wait_for_waiters(1);
+  EXPECT_TRUE(eventually([&] { return job[0].rref_counts().pending_children == 0; })) << describe_counts(job);
+  EXPECT_FALSE(call->completed());
+  gate.release();
+  call->wait();
+  EXPECT_TRUE(call->value().toBool());
+  g_gate = nullptr;
+}
+
+// Controls riding on a message are checked like any other bytes from the network: garbage
+// and kinds that never ride are dropped, and the message they came on is still served.
+TEST_P(RRefTest, MalformedOrForeignRidingControlsAreDropped) {
+  Job& job = *job_;
+  RRef r = job[0].remote("worker1", "rref.scale", {at::ones({3}), 2.0});
+  r.to_here();
+  // A user delete of worker0's own fork (remote() takes the id after the RRef's for it):
+  // applied, it would free the value on worker1.
+  const std::string id = r.impl().id_string();
+  rref::ControlBatch deletes;
+  auto* item = deletes.add_items();
+  item->set_type(kRRefUserDelete);
+  item->mutable_control()->mutable_rref()->set_worker(0);
+  item->mutable_control()->mutable_rref()->set_local(std::stoll(id.substr(id.find(':') + 1)));
+  item->mutable_control()->mutable_fork()->set_worker(0);
+  item->mutable_control()->mutable_fork()->set_local(std::stoll(id.substr(id.find(':') + 1)) + 1);
+  ASSERT_EQ(id.substr(0, 2), "0:");
+  rref::Control nobodys_fork;  // the carrier: an accept of a fork nobody made does nothing
+  nobodys_fork.mutable_fork()->set_worker(2);
+  nobodys_fork.mutable_fork()->set_local(999999);
+  for (const std::string& riding : {std::string("\xff\x01garbage"), deletes.SerializeAsString()}) {
+    Message m{kRRefChildAccept, nobodys_fork.SerializeAsString(), {}};
+    m.extensions[kRRefCarriedControls] = riding;
+    FuturePtr reply = job[0].agent().send(job[0].agent().worker("worker1"), std::move(m), milliseconds(10000),
+                                          "child accept with riding controls");
+    reply->wait();
+    EXPECT_FALSE(reply->hasError()) << reply->tryRetrieveErrorMessage();
+  }
+  EXPECT_TRUE(at::equal(r.to_here().toTensor(), at::full({3}, 2.0)));  // still there
+  EXPECT_EQ(job[1].rref_counts().owners, 1);
 }
 
 TEST_P(RRefTest, UserSharesWithAThirdWorkerTwiceAndInContainers) {
