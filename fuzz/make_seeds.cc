@@ -93,7 +93,8 @@ std::vector<Message> record_traffic() {
   {
     World world([&](const WorkerInfo&, const Message& m) {
       const std::string kind = std::to_string(m.type) + "/" + std::to_string(m.tensors.size()) + "/" +
-                               std::to_string(m.extensions.count(kAutogradExtension)) + "/" + std::to_string(m.payload.empty());
+                               std::to_string(m.extensions.count(kAutogradExtension)) + "/" + std::to_string(m.payload.empty()) +
+                               "/" + std::to_string(m.extensions.count(kRRefCarriedControls));
       std::lock_guard<std::mutex> lock(mu);
       if (!kinds.insert(kind).second) return;
       Message copy = m;
@@ -220,10 +221,11 @@ void value_seeds(const fs::path& dir) {
 void message_seeds(const fs::path& rref_dir, const fs::path& autograd_dir, const std::vector<Message>& traffic) {
   std::map<std::string, int> count;
   for (const auto& m : traffic) {
-    const bool rref = m.type >= kRRefRemoteCall && m.type <= kRRefControlBatch;
+    const bool riding = m.extensions.count(kRRefCarriedControls) > 0;
+    const bool rref = (m.type >= kRRefRemoteCall && m.type <= kRRefControlBatch) || riding;
     const bool in_context = m.extensions.count(kAutogradExtension) > 0;
     const bool autograd = m.type == kAutogradBackward || m.type == kAutogradRelease || in_context;
-    std::string name = type_name(m.type) + (in_context ? "_in_context" : "");
+    std::string name = type_name(m.type) + (in_context ? "_in_context" : "") + (riding ? "_with_riding_controls" : "");
     name += "_" + std::to_string(count[name]++);
     if (rref) write(rref_dir, name, wire_message(m));
     if (autograd) write(autograd_dir, name, wire_message(m));
@@ -231,6 +233,12 @@ void message_seeds(const fs::path& rref_dir, const fs::path& autograd_dir, const
   // The controls seen, as one batch (what a peer sends when several are queued for us).
   rref::ControlBatch batch;
   for (const auto& m : traffic) {
+    auto riding = m.extensions.find(kRRefCarriedControls);
+    if (riding != m.extensions.end()) {
+      rref::ControlBatch carried;
+      if (!carried.ParseFromString(riding->second)) throw std::logic_error("recorded riding controls are malformed");
+      for (const auto& item : carried.items()) *batch.add_items() = item;
+    }
     if (m.type != kRRefUserDelete && m.type != kRRefForkRequest && m.type != kRRefChildAccept) continue;
     auto* item = batch.add_items();
     item->set_type(m.type);

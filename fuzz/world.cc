@@ -99,6 +99,8 @@ World::World(Recorder recorder) : arrivals_(std::make_shared<Arrivals>()) {
             if (recorder) recorder(from, m);
             std::lock_guard<std::mutex> lock(arrivals->mu);
             ++arrivals->count[m.type];
+            // Child accepts usually ride on another message (rref/control_channel.h).
+            if (m.extensions.count(kRRefCarriedControls) > 0) ++arrivals->count[kRRefChildAccept];
             arrivals->cv.notify_all();
           }});
     }
@@ -139,7 +141,8 @@ void World::exercise() {
   RRef held_by_2 = rref(1).remote(w2, "fuzz.echo", {param_.to_ivalue()}, {}, kTimeout);
   wait_for_recorded(kRRefForkRequest);
   // Rank 0 shares its reference to rank 1's value with rank 2; once rank 1 records
-  // rank 2's fork, rank 0 hears that its child was accepted.
+  // rank 2's fork, rank 0 hears that its child was accepted (alone, or riding on another
+  // message from rank 1).
   RRef of_1 = rref(0).remote(w1, "fuzz.param", {}, {}, kTimeout);
   RRef shared = rref(0).remote(w2, "fuzz.echo", {of_1.to_ivalue()}, {}, kTimeout);
   wait_for_recorded(kRRefChildAccept);
