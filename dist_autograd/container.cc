@@ -404,7 +404,7 @@ class Container final : public AutogradContainer, public std::enable_shared_from
       try {
         sent = agent_.send(agent_.worker(w), Message{kAutogradRelease, payload, {}}, agent_.default_timeout(),
                            "release of autograd context");
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {  // the others are still told
         VLOG(1) << name << ": releasing autograd context " << context_id << ": " << e.what();
         one_done();
         continue;

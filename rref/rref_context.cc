@@ -87,21 +87,38 @@ void ContextImpl::install() {
   controls_ = ControlChannel::create(agent_, executor_, options_, [weak](const Control& c, std::exception_ptr error) {
     if (auto self = weak.lock()) self->control_done(c, error);
   });
+  // On every message, so weak: a message may still pass while the context goes.
   agent_.add_interceptor(RpcAgent::Interceptor{
-      [this](const WorkerInfo& to, Message& m) { carry_controls(to, m); },
-      [this](const WorkerInfo& from, Message& m) { apply_carried_controls(from, m); }});
+      [weak](const WorkerInfo& to, Message& m) {
+        if (auto self = weak.lock()) self->carry_controls(to, m);
+      },
+      [weak](const WorkerInfo& from, Message& m) {
+        if (auto self = weak.lock()) self->apply_carried_controls(from, m);
+      }});
 }
 
 // A user that passes an RRef to its owner in a call gets the owner's child accept back on
 // the call's reply, not in a message of its own (and one answering it): two messages
-// fewer per such call. The accept waits at most this long for a message to ride on.
-constexpr auto kCarryWindow = std::chrono::milliseconds(2);
-// Carried only on messages whose header is far below the 16 MiB a frame's header may
-// have, so that no carrier is refused for its size (and the controls on it lost).
+// fewer per such call (RRefOptions::accept_carry_window).
+//
+// Controls ride only on messages the network cannot refuse: a payload far below the
+// 16 MiB a frame's header may have, and tensors well within a frame's limits (65536
+// tensors, 64 dimensions each), so that the header stays under 9 MiB. A refused carrier
+// would take its controls with it, and the parent would keep its reference until shutdown.
 constexpr size_t kCarrierPayloadLimit = 8u << 20;
+constexpr size_t kCarrierMaxTensors = 1024;
+constexpr int64_t kCarrierMaxDims = 64;
+
+static bool can_carry(const Message& m) {
+  if (m.payload.size() > kCarrierPayloadLimit || m.tensors.size() > kCarrierMaxTensors) return false;
+  for (const auto& t : m.tensors) {
+    if (t.defined() && t.dim() > kCarrierMaxDims) return false;
+  }
+  return true;
+}
 
 void ContextImpl::carry_controls(const WorkerInfo& to, Message& m) {
-  if (to.id == self().id || m.payload.size() > kCarrierPayloadLimit) return;
+  if (to.id == self().id || !can_carry(m)) return;
   const std::vector<Control> carried = controls_->take_carried(to.id);
   if (carried.empty()) return;
   rref::ControlBatch wire;
@@ -144,7 +161,7 @@ ContextImpl::Outcome ContextImpl::apply_locked(Effects effects) {
   Outcome outcome;
   for (const Control& c : effects.controls) {  // queued, never sent on this thread
     if (c.type == kRRefChildAccept) {
-      controls_->send_carried(c, kCarryWindow);
+      controls_->send_carried(c, options_.accept_carry_window);
     } else {
       controls_->send(c);
     }

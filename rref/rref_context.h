@@ -60,6 +60,10 @@ class RRefContext {
 struct RRefOptions {
   std::chrono::milliseconds control_timeout{2000};  // per attempt of a control message
   int control_attempts = 10;                        // with exponential backoff from 20 ms
+  // How long a child accept waits to ride on the next message to its peer (the reply to
+  // the call that carried the RRef back to its owner, usually) before it leaves alone. It
+  // only delays when the parent drops the reference it kept for the call.
+  std::chrono::milliseconds accept_carry_window{100};
 };
 
 // `agent` is borrowed and must outlive the context; the context registers its handlers

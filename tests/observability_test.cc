@@ -71,6 +71,7 @@ TEST(Observability, MetricsCountAKnownSequenceOfCallsOnEveryWorker) {
     job[0].rpc_sync("worker2", "obs.leaf", {at::ones({2}).set_requires_grad(true)});
     EXPECT_EQ(job[2].metrics().autograd_contexts, 1);
     EXPECT_EQ(job[1].metrics().autograd_contexts, 0);
+    job[0].autograd().release(ctx.id())->wait();  // the scope's end would not wait for worker2
   }
   EXPECT_EQ(job[0].metrics().autograd_contexts, 0);
   EXPECT_EQ(job[2].metrics().autograd_contexts, 0);
