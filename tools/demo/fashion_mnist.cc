@@ -111,14 +111,19 @@ void train(int world_size) {
         profiler = std::make_unique<drpc::Profiler>();
       }
       double l;
+      drpc::FuturePtr released;
       {
         drpc::dist_autograd::Context ctx;
         at::Tensor loss = at::nll_loss(at::log_softmax(forward(x), 1), y);
         drpc::dist_autograd::backward(ctx.id(), {loss});
         optimizer.step(ctx.id());
         l = loss.item<double>();
+        // A step leaves its context's release in flight; the traced one waits for it, so
+        // that the trace shows it.
+        if (profiler) released = drpc::current_runtime().autograd().release(ctx.id());
       }
       if (profiler) {
+        released->wait();
         profiler->write_chrome_trace(FLAGS_profile);
         std::fprintf(stderr, "\ntrace of training step %ld (%zu spans) written to %s\n", static_cast<long>(s + 1),
                      profiler->events().size(), FLAGS_profile.c_str());
