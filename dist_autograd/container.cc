@@ -387,14 +387,12 @@ class Container final : public AutogradContainer, public std::enable_shared_from
     workers.erase(agent_.self().id);
     // Dropped here, on the releasing thread, and not in a reply's callback.
     context.reset();
-    if (workers.empty()) {
-      done->markCompleted(message_to_ivalue(Message{kAutogradRelease, "", {}}));
-      return done;
-    }
     autograd::Backward request;
     request.set_context(context_id);
     const std::string payload = request.SerializeAsString();
-    auto left = std::make_shared<std::atomic<size_t>>(workers.size());
+    // A count per worker told and one for this function, so that `done` completes once,
+    // after the last of them, whether there are workers to tell or none.
+    auto left = std::make_shared<std::atomic<size_t>>(workers.size() + 1);
     auto one_done = [done, left] {
       if (left->fetch_sub(1) == 1) done->markCompleted(message_to_ivalue(Message{kAutogradRelease, "", {}}));
     };
@@ -414,6 +412,7 @@ class Container final : public AutogradContainer, public std::enable_shared_from
         one_done();
       });
     }
+    one_done();
     return done;
   }
 

@@ -43,26 +43,25 @@ std::shared_ptr<ControlChannel> ControlChannel::create(RpcAgent& agent, Executor
 ControlChannel::ControlChannel(RpcAgent& agent, Executor& executor, const RRefOptions& options, Done done)
     : agent_(agent), executor_(executor), sends_(executor), options_(options), done_(std::move(done)) {}
 
-void ControlChannel::send(const Control& control) {
+void ControlChannel::send(const Control& control) { queue(control, std::nullopt); }
+
+void ControlChannel::send_carried(const Control& control, std::chrono::milliseconds window) {
+  queue(control, window);
+}
+
+void ControlChannel::queue(const Control& control, std::optional<std::chrono::milliseconds> carry_window) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopped_ || gone_.count(control.to)) return;  // nobody there to tell
   ++in_flight_;
-  schedule_locked(Attempt{control, 0}, std::chrono::milliseconds(0));
-}
-
-void ControlChannel::send_carried(const Control& control, std::chrono::milliseconds window) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopped_ || gone_.count(control.to)) return;
-  ++in_flight_;
   Attempt a{control, 0};
-  a.carried = true;
-  ++carried_;
-  schedule_locked(a, window);  // leaves alone once due, if nothing carried it before
+  a.carried = carry_window.has_value();
+  if (a.carried) ++carried_;
+  // A carried control leaves alone once due, if nothing carried it before.
+  schedule_locked(a, carry_window.value_or(std::chrono::milliseconds(0)));
 }
 
 std::vector<Control> ControlChannel::take_carried(int peer) {
   std::vector<Control> taken;
-  if (carried_.load(std::memory_order_relaxed) == 0) return taken;  // on every message: no lock
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return taken;
@@ -150,12 +149,7 @@ void ControlChannel::send_batch(int peer, std::vector<Attempt> batch) {
     what = CallName("RRef control message", std::to_string(batch[0].control.type));
   } else {
     rref::ControlBatch wire;
-    for (const Attempt& a : batch) {
-      auto* item = wire.add_items();
-      item->set_type(a.control.type);
-      to_proto(a.control.rref, item->mutable_control()->mutable_rref());
-      to_proto(a.control.fork, item->mutable_control()->mutable_fork());
-    }
+    for (const Attempt& a : batch) add_to_batch(a.control, &wire);
     request = Message{kRRefControlBatch, wire.SerializeAsString(), {}};
     what = CallName("RRef control batch", "of " + std::to_string(batch.size()));
   }

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -52,8 +53,11 @@ class ControlChannel : public std::enable_shared_from_this<ControlChannel> {
   void send_carried(const Control& control, std::chrono::milliseconds window);
   // Takes the controls waiting to ride to `peer` (at most kMaxControlBatch, in order): the
   // caller puts them on a message to it that its agent cannot refuse, and they count as
-  // delivered. Without the lock when none waits. Thread-safe.
+  // delivered. Thread-safe.
   std::vector<Control> take_carried(int peer);
+  // Whether any control waits to ride, to any peer. Without the lock: a hint, checked on
+  // every message before anything costlier.
+  bool has_carried() const { return carried_.load(std::memory_order_relaxed) > 0; }
   // `peer` is gone: its waiting controls are withdrawn, later ones dropped. Thread-safe.
   void peer_failed(int peer);
   // Waits until no control is queued, waiting for a retry or awaiting its answer; false
@@ -70,6 +74,8 @@ class ControlChannel : public std::enable_shared_from_this<ControlChannel> {
     bool carried = false;   // waiting to ride on another message (send_carried)
   };
   ControlChannel(RpcAgent& agent, Executor& executor, const RRefOptions& options, Done done);
+  // send() (no window) and send_carried().
+  void queue(const Control& control, std::optional<std::chrono::milliseconds> carry_window);
   void schedule_locked(Attempt a, std::chrono::milliseconds delay);
   std::map<int64_t, Attempt>::iterator erase_waiting_locked(std::map<int64_t, Attempt>::iterator it);
   void make_due(int64_t key);

@@ -44,6 +44,19 @@ rref::Control parse_control(const Message& m, const char* what) {
   return control;
 }
 
+// A peer's batch of controls. Throws kProtocol when the bytes are not one, or hold more
+// than kMaxControlBatch items: a peer cannot make this worker apply (and answer) millions
+// of items on its network thread.
+rref::ControlBatch parse_control_batch(const std::string& bytes) {
+  rref::ControlBatch batch;
+  if (!batch.ParseFromString(bytes)) throw Error(ErrorKind::kProtocol, "malformed RRef control batch");
+  if (batch.items_size() > kMaxControlBatch) {
+    throw Error(ErrorKind::kProtocol, "an RRef control batch of " + std::to_string(batch.items_size()) +
+                                          " items (at most " + std::to_string(kMaxControlBatch) + ")");
+  }
+  return batch;
+}
+
 // An answer from the peer itself, not a lost message or a gone peer.
 bool definitive(std::exception_ptr error) {
   try {
@@ -118,27 +131,25 @@ static bool can_carry(const Message& m) {
 }
 
 void ContextImpl::carry_controls(const WorkerInfo& to, Message& m) {
-  if (to.id == self().id || !can_carry(m)) return;
+  if (to.id == self().id || !controls_->has_carried() || !can_carry(m)) return;
   const std::vector<Control> carried = controls_->take_carried(to.id);
   if (carried.empty()) return;
   rref::ControlBatch wire;
-  for (const Control& c : carried) {
-    auto* item = wire.add_items();
-    item->set_type(c.type);
-    to_proto(c.rref, item->mutable_control()->mutable_rref());
-    to_proto(c.fork, item->mutable_control()->mutable_fork());
-  }
+  for (const Control& c : carried) add_to_batch(c, &wire);
   m.extensions[kRRefCarriedControls] = wire.SerializeAsString();
 }
 
 void ContextImpl::apply_carried_controls(const WorkerInfo& from, Message& m) {
   auto it = m.extensions.find(kRRefCarriedControls);
   if (it == m.extensions.end()) return;
-  rref::ControlBatch batch;
-  const bool parsed = batch.ParseFromString(it->second);
+  const std::string bytes = std::move(it->second);
   m.extensions.erase(it);  // the handler and the caller never see it
-  if (!parsed || batch.items_size() > kMaxControlBatch) {
-    LOG(WARNING) << self().name << ": dropped malformed RRef controls riding on a message from " << from.name;
+  rref::ControlBatch batch;
+  try {
+    batch = parse_control_batch(bytes);
+  } catch (const Error& e) {
+    LOG(WARNING) << self().name << ": dropped RRef controls riding on a message from " << from.name << ": "
+                 << e.message();
     return;
   }
   for (const auto& item : batch.items()) {
@@ -426,12 +437,7 @@ FuturePtr ContextImpl::on_child_accept(const WorkerInfo& from, Message m) {
 
 // Each control as if it had come alone, in order; one failing does not stop the others.
 FuturePtr ContextImpl::on_control_batch(const WorkerInfo& from, Message m) {
-  rref::ControlBatch batch;
-  if (!batch.ParseFromString(m.payload)) throw Error(ErrorKind::kProtocol, "malformed RRef control batch");
-  if (batch.items_size() > kMaxControlBatch) {
-    throw Error(ErrorKind::kProtocol, "an RRef control batch of " + std::to_string(batch.items_size()) +
-                                          " items (at most " + std::to_string(kMaxControlBatch) + ")");
-  }
+  const rref::ControlBatch batch = parse_control_batch(m.payload);
   rref::ControlOutcomes outcomes;
   for (const auto& item : batch.items()) {
     auto* outcome = outcomes.add_outcomes();

@@ -32,6 +32,13 @@ inline void to_proto(const Id& id, rref::Id* p) {
   p->set_worker(id.worker);
   p->set_local(id.local);
 }
+// Appends `c` to a batch of controls (kRRefControlBatch, or controls riding on a message).
+inline void add_to_batch(const Control& c, rref::ControlBatch* batch) {
+  auto* item = batch->add_items();
+  item->set_type(c.type);
+  to_proto(c.rref, item->mutable_control()->mutable_rref());
+  to_proto(c.fork, item->mutable_control()->mutable_fork());
+}
 
 }  // namespace rref_internal
 }  // namespace drpc

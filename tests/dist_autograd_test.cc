@@ -85,17 +85,16 @@ at::Tensor grad_of(const c10::Dict<at::Tensor, at::Tensor>& grads, const at::Ten
 }
 
 // Whether `held` turns false on every worker of `job` within 30 s. A context's creator
-// releases it without waiting for the others, so they let go of it a moment later; the
-// test has no future to wait on, only their state to watch.
+// releases it without waiting for the others, so they let go of it a moment later.
 bool released_everywhere(Job& job, const std::function<bool(Runtime&)>& held) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  for (int r = 0; r < job.size(); ++r) {
-    while (held(job[r])) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
-  return true;
+  return testing::eventually(
+      [&] {
+        for (int r = 0; r < job.size(); ++r) {
+          if (held(job[r])) return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(30));
 }
 
 class DistAutogradTest : public testing::JobOnEveryNetwork<3> {

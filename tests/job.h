@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -101,6 +102,18 @@ class JobOnEveryNetwork : public ::testing::TestWithParam<Network> {
                            [](const ::testing::TestParamInfo<::drpc::testing::Network>& info) {                \
                              return ::drpc::testing::network_name(info.param);                                 \
                            })
+
+// Waits (bounded) until `condition` holds, for state that changes on other workers with no
+// local event to wait on (deletions and releases travel asynchronously).
+inline bool eventually(const std::function<bool()>& condition,
+                       std::chrono::milliseconds timeout = std::chrono::milliseconds(10000)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
 
 // A latch the test opens: functions under test block on it instead of sleeping.
 class Gate {

@@ -26,6 +26,7 @@ namespace {
 
 using testing::Gate;
 using testing::Job;
+using testing::eventually;
 
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
@@ -67,16 +68,6 @@ DRPC_REGISTER_FUNCTION("rref.module", []() {
   )");
   return c10::IValue(m._ivalue());
 });
-
-// Waits (bounded) until `condition` holds; deletions travel asynchronously.
-bool eventually(const std::function<bool()>& condition, milliseconds timeout = milliseconds(10000)) {
-  const auto deadline = Clock::now() + timeout;
-  while (!condition()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(milliseconds(2));
-  }
-  return true;
-}
 
 // No worker owns or references anything any more.
 bool all_released(Job& job) {
