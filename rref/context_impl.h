@@ -1,11 +1,13 @@
 #pragma once
 
-// One worker's RRefContext, internal to rref/. Its jobs live in two files:
-//   rref_context.cc  the references' lifetimes: the fork / confirm / delete protocol run
-//                    through the ForkLedger, its control handlers, forks and arrivals of
-//                    RRefs inside values, owner records, peer failure, leave and shutdown;
-//   rref_calls.cc    the calls on RRefs: remote(), to_here(), rpc on an RRef's value,
-//                    as the caller and as the owner that serves them.
+// One worker's RRefContext, internal to rref/. Its jobs live in three files:
+//   rref_context.cc   the references' lifetimes: the fork / confirm / delete protocol run
+//                     through the ForkLedger, forks and arrivals of RRefs inside values,
+//                     owner records, peer failure, leave and shutdown;
+//   rref_controls.cc  the protocol's control messages received (alone, batched, or riding
+//                     on other messages) and the child accepts put on outgoing messages;
+//   rref_calls.cc     the calls on RRefs: remote(), to_here(), rpc on an RRef's value,
+//                     as the caller and as the owner that serves them.
 
 #include <atomic>
 #include <chrono>
@@ -73,16 +75,6 @@ class ContextImpl final : public RRefContext, public HandleHost, public std::ena
   // The owner knows of `fork` now (or its creation failed, `error`: then the owner may or
   // may not know, and a later delete is harmless either way).
   void confirmed(const Id& fork, std::exception_ptr error = nullptr);
-  FuturePtr on_user_delete(const WorkerInfo& from, Message m);
-  FuturePtr on_fork_request(const WorkerInfo& from, Message m);
-  FuturePtr on_child_accept(const WorkerInfo& from, Message m);
-  FuturePtr on_control_batch(const WorkerInfo& from, Message m);
-  // Applies one control from `from`; throws what the single message's handler would.
-  void apply_control(const WorkerInfo& from, int32_t type, const rref::Control& control);
-  // The interceptor's halves: controls waiting to ride to `to` go on `m`; those riding on
-  // a message from `from` are applied (before its handler or its caller's future).
-  void carry_controls(const WorkerInfo& to, Message& m);
-  void apply_carried_controls(const WorkerInfo& from, Message& m);
   void on_peer_failed(const WorkerInfo& peer, const Error& reason);
   // Throws kPeerUnavailable naming the owner when it is gone.
   void check_owner_alive(const WorkerInfo& owner, const Id& rref);
@@ -99,6 +91,18 @@ class ContextImpl final : public RRefContext, public HandleHost, public std::ena
   Outcome apply_locked(Effects effects);
   void finish(Outcome outcome, std::exception_ptr error = nullptr);
   void control_done(const Control& c, std::exception_ptr error);
+
+  // --- rref_controls.cc: control messages --------------------------------------------------
+  FuturePtr on_user_delete(const WorkerInfo& from, Message m);
+  FuturePtr on_fork_request(const WorkerInfo& from, Message m);
+  FuturePtr on_child_accept(const WorkerInfo& from, Message m);
+  FuturePtr on_control_batch(const WorkerInfo& from, Message m);
+  // Applies one control from `from`; throws what the single message's handler would.
+  void apply_control(const WorkerInfo& from, int32_t type, const rref::Control& control);
+  // The interceptor's halves: controls waiting to ride to `to` go on `m`; those riding on
+  // a message from `from` are applied (before its handler or its caller's future).
+  void carry_controls(const WorkerInfo& to, Message& m);
+  void apply_carried_controls(const WorkerInfo& from, Message& m);
 
   // --- rref_calls.cc: calls on RRefs ----------------------------------------------------------
   FuturePtr on_remote_call(const WorkerInfo& from, Message m);
