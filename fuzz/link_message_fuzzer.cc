@@ -3,16 +3,60 @@
 // byte chooses whether the message starts with the pair's secret (a peer that holds it) or
 // is taken as it is (anyone else).
 // Properties: a message without the secret is refused whatever follows; one with it is a
-// probe of exactly the prefix, or frames (with bodies spliced in where the table says) that
-// decode_wire_frames reads the same from the message made whole, or refused with the reason.
+// probe of exactly the prefix (or the prefix and an arena offer), or frames (with bodies
+// spliced in where the table says) that decode_wire_frames reads the same from the message
+// made whole, or refused with the reason. The blocks an arena message names are looked up
+// in a real arena (shm_arena.h) with one block sent: a lookup never yields bytes outside a
+// sent block, and a block is yielded once.
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "fuzz/check.h"
+#include "process_group/shm_arena.h"
 #include "process_group/transport.h"
 #include "process_group/ucx_link_message.h"
+
+namespace {
+
+// An arena of 1 MiB with one block of 4096 bytes sent, attached as a receiver would, made once.
+struct FuzzArena {
+  std::unique_ptr<drpc::ShmArena> arena;
+  std::shared_ptr<drpc::ArenaMapping> mapping;
+  uint64_t block = 0;
+
+  FuzzArena() {
+    std::string why;
+    arena = drpc::ShmArena::create(1 << 20, &why);
+    FUZZ_CHECK(arena != nullptr, "no arena");
+    mapping = drpc::ArenaMapping::attach(reinterpret_cast<const uint8_t*>(arena->offer().data()), arena->offer().size(),
+                                         &why);
+    FUZZ_CHECK(mapping != nullptr, "no mapping");
+    block = *arena->allocate(4096);
+  }
+};
+
+// Takes every body an arena message names, as the receiver does, and gives them back.
+void take_arena_bodies(const drpc::LinkMessage& message) {
+  static FuzzArena fuzz;
+  std::vector<std::shared_ptr<uint8_t>> taken;
+  for (const auto& body : message.bodies) {
+    std::string problem;
+    auto bytes = fuzz.mapping->take(body.tag, body.size, &problem);
+    if (bytes == nullptr) {
+      FUZZ_CHECK(!problem.empty(), "a refused block has no reason");
+      continue;
+    }
+    FUZZ_CHECK(body.tag == fuzz.block && body.size <= 4096, "bytes outside the sent block were taken");
+    taken.push_back(std::move(bytes));
+  }
+  FUZZ_CHECK(taken.size() <= 1, "a block was taken twice");
+  taken.clear();  // released: the sender takes it back and sends it again
+  if (fuzz.arena->bytes_in_use() == 0) fuzz.block = *fuzz.arena->allocate(4096);
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
@@ -35,13 +79,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   if (message.type == drpc::LinkMessageType::kProbe) {
-    FUZZ_CHECK(bytes.size() == drpc::kLinkPrefixBytes, "a probe with a body was accepted");
+    const bool offer = message.arena_offer != nullptr;
+    FUZZ_CHECK(bytes.size() == drpc::kLinkPrefixBytes + (offer ? drpc::kArenaOfferBytes : 0),
+               "a probe with a body was accepted");
     return 0;
   }
+  const bool in_arena = message.type == drpc::LinkMessageType::kFramesWithArenaBodies;
+  if (in_arena) take_arena_bodies(message);
   // The bodies, as the receiver would get them (here: zeros), within reason for memory.
   uint64_t body_bytes = 0;
   for (const auto& body : message.bodies) {
-    FUZZ_CHECK(body.size > 0 && (body.tag & drpc::kLinkBodyTagBit), "an empty or head-tagged body was accepted");
+    FUZZ_CHECK(body.size > 0 && (in_arena || (body.tag & drpc::kLinkBodyTagBit)),
+               "an empty or head-tagged body was accepted");
     body_bytes += body.size;
     if (body_bytes > (1u << 20)) return 0;
   }

@@ -164,6 +164,14 @@ void link_message_seeds(const fs::path& dir) {
   const std::string head = drpc::link_message_head(std::string(16, '\x5a'), drpc::LinkMessageType::kFramesWithBodies,
                                                    {body});
   write(dir, "frames_with_body", with_secret + head.substr(drpc::kLinkSecretBytes) + whole.substr(0, body.offset));
+  // The same body waiting in the sender's arena, at the fuzzer's one sent block (the arena's
+  // header, then the block's state word: 4096 + 64), and a probe offering an arena.
+  const drpc::LinkBody arena_body{body.offset, body.size, 4096 + 64};
+  const std::string arena_head = drpc::link_message_head(std::string(16, '\x5a'),
+                                                         drpc::LinkMessageType::kFramesWithArenaBodies, {arena_body});
+  write(dir, "frames_with_arena_body",
+        with_secret + arena_head.substr(drpc::kLinkSecretBytes) + whole.substr(0, body.offset));
+  write(dir, "probe_with_arena", with_secret + std::string(1, '\1') + std::string(drpc::kArenaOfferBytes, '\7'));
   // Ring chunks as a collective sends them: a small frame in the head, then two frames whose
   // tensors are bodies (what a receiver places by their seq and step).
   pg::FrameHeader chunk;

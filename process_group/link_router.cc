@@ -56,7 +56,7 @@ bool LinkRouter::on_control_frame(int peer, const pg::FrameHeader& header, bool 
       if (on_stream) accept_offer(peer, header);
       return true;
     case pg::FrameHeader::LINK_READY:
-      if (on_stream) switch_to_link(peer);
+      if (on_stream) switch_to_link(peer, header.link_shared_memory());
       return true;
     case pg::FrameHeader::SWITCH:
       if (on_stream && links_) links_->open_inbound(peer);
@@ -98,21 +98,23 @@ void LinkRouter::shutdown() {
 void LinkRouter::accept_offer(int peer, const pg::FrameHeader& offer) {
   if (!links_) return;
   if (offer.link_address().empty()) return stay_on_stream(peer, "it has no UCX link");
-  if (plane_ == DataPlane::kAuto && offer.host_id() != host_id_) {
+  const bool same_host = offer.host_id() == host_id_;
+  if (plane_ == DataPlane::kAuto && !same_host) {
     return stay_on_stream(peer, "it runs on another host (" + offer.host_id() + ")");
   }
   try {
-    links_->connect(peer, offer.link_address(), offer.link_secret());
+    links_->connect(peer, offer.link_address(), offer.link_secret(), same_host);
   } catch (const Error& e) {
     stay_on_stream(peer, e.message());
   }
 }
 
-void LinkRouter::switch_to_link(int peer) {
+void LinkRouter::switch_to_link(int peer, bool shared_memory) {
   if (!links_) return;
   Route& route = *routes_[peer];
   std::unique_lock<std::shared_mutex> lock(route.mu);
   if (route.on_link) return;
+  if (shared_memory) links_->use_shared_memory(peer);
   try {
     streams_.send_on_stream(peer, control_header(pg::FrameHeader::SWITCH), {}, nullptr);
   } catch (const Error&) {
@@ -120,7 +122,8 @@ void LinkRouter::switch_to_link(int peer) {
   }
   route.on_link = true;
   lock.unlock();
-  VLOG(1) << "rank " << rank_ << ": frames to rank " << peer << " go over UCX";
+  VLOG(1) << "rank " << rank_ << ": frames to rank " << peer << " go over UCX"
+          << (shared_memory ? ", large tensors through shared memory" : "");
   mark_decided(peer);
 }
 
@@ -139,9 +142,11 @@ void LinkRouter::on_link_frames(int source, std::vector<Frame> frames) {
   streams_.on_link_frames(source, std::move(frames));
 }
 
-void LinkRouter::on_link_probe(int source) {
+void LinkRouter::on_link_probe(int source, bool shared_memory) {
+  pg::FrameHeader ready = control_header(pg::FrameHeader::LINK_READY);
+  ready.set_link_shared_memory(shared_memory);
   try {
-    streams_.send_on_stream(source, control_header(pg::FrameHeader::LINK_READY), {}, nullptr);
+    streams_.send_on_stream(source, ready, {}, nullptr);
   } catch (const Error&) {
     // The stream is closing; its own failure report covers it.
   }

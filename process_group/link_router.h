@@ -6,7 +6,8 @@
 //
 // The switch, per direction: when a pair's stream is up, each side offers its link
 // (LINK_OFFER: UCX address, a secret for this peer, host id) on the stream. The receiver of
-// an offer connects and probes; the probed side answers LINK_READY on the stream; the prober
+// an offer connects and probes (offering its shared-memory arena when both are on one host);
+// the probed side answers LINK_READY on the stream (saying whether it attached the arena); the prober
 // then queues SWITCH as its last frame on the stream and sends the rest on the link, while
 // the other side holds the link's frames until the SWITCH arrives. If any step fails the
 // pair stays on gRPC and says why at --v=1.
@@ -91,14 +92,14 @@ class LinkRouter final : private UcxLinkSink {
   };
 
   void accept_offer(int peer, const pg::FrameHeader& offer);
-  void switch_to_link(int peer);
+  void switch_to_link(int peer, bool shared_memory);
   void stay_on_stream(int peer, const std::string& why);
   void mark_decided(int peer);
   void send_control(int peer, pg::FrameHeader::Kind kind);
 
   // UcxLinkSink (the links' progress thread).
   void on_link_frames(int source, std::vector<Frame> frames) override;
-  void on_link_probe(int source) override;
+  void on_link_probe(int source, bool shared_memory) override;
   void on_link_failed(int source, const Error& why) override;
 
   const int rank_;

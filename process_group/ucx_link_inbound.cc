@@ -11,6 +11,7 @@
 
 #include "common/wake_batch.h"
 #include "process_group/buffer_pool.h"
+#include "process_group/shm_arena.h"
 #include "process_group/ucx_link_message.h"
 
 namespace drpc {
@@ -234,6 +235,7 @@ void LinkInbound::post_bodies(ucp_worker_h worker, InboundMessage& in, Peer& lin
   if (!in.ok) return;
   in.valid = parse_link_message(in.buffer.get(), in.size, link.secret, &in.message, &in.problem);
   if (!in.valid) return;
+  if (in.message.type == LinkMessageType::kFramesWithArenaBodies) return take_arena_bodies(in, link);
   in.bodies.resize(in.message.bodies.size());
   std::vector<BodyDestination> placed = placed_buffers(in, link);
   for (size_t i = 0; i < in.bodies.size(); ++i) {
@@ -268,6 +270,33 @@ void LinkInbound::post_bodies(ucp_worker_h worker, InboundMessage& in, Peer& lin
   }
 }
 
+void LinkInbound::take_arena_bodies(InboundMessage& in, Peer& link) {
+  in.bodies.resize(in.message.bodies.size());
+  for (size_t i = 0; i < in.bodies.size(); ++i) {
+    BodyReceive& body = in.bodies[i];
+    body.size = in.message.bodies[i].size;
+    body.info.length = body.size;
+    std::string problem = "its probe offered no arena";
+    if (link.arena != nullptr) body.buffer = link.arena->take(in.message.bodies[i].tag, body.size, &problem);
+    if (body.buffer == nullptr && in.valid) {
+      in.valid = false;
+      in.problem = "body " + std::to_string(i) + " is not in the sender's arena: " + problem;
+    }
+    body.end(body.buffer != nullptr);
+  }
+}
+
+bool LinkInbound::attach_arena(int source, const uint8_t* offer) {
+  Peer& link = *peers_[source];
+  if (link.arena != nullptr) return true;
+  std::string why_not;
+  link.arena = ArenaMapping::attach(offer, kArenaOfferBytes, &why_not);
+  if (link.arena == nullptr) {
+    VLOG(1) << "rank " << rank_ << ": large tensors from rank " << source << " stay off shared memory: " << why_not;
+  }
+  return link.arena != nullptr;
+}
+
 void LinkInbound::drain(ucp_worker_h worker, int source) {
   Peer& link = *peers_[source];
   for (InboundMessage* in : link.receiving) {
@@ -295,7 +324,7 @@ void LinkInbound::hand_on(int source, InboundMessage& in) {
     return;
   }
   if (in.message.type == LinkMessageType::kProbe) {
-    sink_.on_link_probe(source);
+    sink_.on_link_probe(source, in.message.arena_offer != nullptr && attach_arena(source, in.message.arena_offer));
     return;
   }
   auto buffers = std::make_shared<MessageBuffers>();

@@ -3,8 +3,9 @@
 // Internal to //process_group:ucx_links: the receiving half of one rank's UCX links. It
 // takes in each head (probed, so that its buffer fits), checks it carries the sender's
 // secret, posts the receives of its bodies into pooled buffers the tensors then use in
-// place, and hands complete messages on in the order UCX matched their heads, holding a
-// peer's frames until open() (the peer's SWITCH).
+// place (or, from a peer on this host, takes them from its arena), and hands complete messages
+// on in the order UCX matched their heads, holding a peer's frames until open() (the peer's
+// SWITCH).
 
 #include <ATen/core/Tensor.h>
 #include <ucp/api/ucp.h>
@@ -29,6 +30,7 @@ namespace drpc {
 
 struct InboundMessage;
 class BufferPool;
+class ArenaMapping;
 
 class LinkInbound {
  public:
@@ -65,6 +67,7 @@ class LinkInbound {
   struct Peer {
     std::string secret;                    // const after construction
     std::deque<InboundMessage*> receiving;  // in the order UCX matched them
+    std::shared_ptr<ArenaMapping> arena;    // the peer's, once its probe offered it
     std::mutex mu;
     bool open = false;                     // guarded by mu
     std::vector<std::vector<Frame>> held;  // guarded by mu
@@ -86,6 +89,10 @@ class LinkInbound {
 
   void receive(ucp_worker_h worker, ucp_tag_message_h message, const ucp_tag_recv_info_t& info);
   void post_bodies(ucp_worker_h worker, InboundMessage& message, Peer& link);
+  // A kFramesWithArenaBodies message's bodies: blocks of the peer's arena, used in place.
+  void take_arena_bodies(InboundMessage& message, Peer& link);
+  // Attaches the arena a probe offers, unless one is attached; returns whether one is.
+  bool attach_arena(int source, const uint8_t* offer);
   // Where `message`'s bodies land: their placements where the frames were placed (each
   // counted in link.landing until its on_end runs), null for the others.
   std::vector<BodyDestination> placed_buffers(const InboundMessage& message, Peer& link);

@@ -26,7 +26,7 @@ void append(std::string& out, T value) {
   out.append(reinterpret_cast<const char*>(&value), sizeof(T));
 }
 
-bool parse_bodies(const uint8_t* data, size_t size, LinkMessage* message, std::string* problem) {
+bool parse_bodies(const uint8_t* data, size_t size, bool in_arena, LinkMessage* message, std::string* problem) {
   if (size < sizeof(uint32_t)) {
     *problem = "a message with bodies has no body count";
     return false;
@@ -56,7 +56,7 @@ bool parse_bodies(const uint8_t* data, size_t size, LinkMessage* message, std::s
       *problem = which + " at offset " + std::to_string(body.offset) + " is out of order or past the frames";
       return false;
     }
-    if ((body.tag & kLinkBodyTagBit) == 0) {
+    if (!in_arena && (body.tag & kLinkBodyTagBit) == 0) {
       *problem = which + " has a head's tag";
       return false;
     }
@@ -101,7 +101,7 @@ std::string link_message_head(const std::string& secret, LinkMessageType type, c
   std::string head = secret;
   head.resize(kLinkSecretBytes);
   head.push_back(static_cast<char>(type));
-  if (type != LinkMessageType::kFramesWithBodies) return head;
+  if (type != LinkMessageType::kFramesWithBodies && type != LinkMessageType::kFramesWithArenaBodies) return head;
   append(head, static_cast<uint32_t>(bodies.size()));
   for (const auto& body : bodies) {
     append(head, body.offset);
@@ -109,6 +109,10 @@ std::string link_message_head(const std::string& secret, LinkMessageType type, c
     append(head, body.tag);
   }
   return head;
+}
+
+std::string link_probe_with_arena(const std::string& secret, const std::string& offer) {
+  return link_message_head(secret, LinkMessageType::kProbe) + offer;
 }
 
 bool parse_link_message(const uint8_t* data, size_t size, const std::string& secret, LinkMessage* message,
@@ -128,7 +132,8 @@ bool parse_link_message(const uint8_t* data, size_t size, const std::string& sec
   switch (type) {
     case static_cast<uint8_t>(LinkMessageType::kProbe):
       message->type = LinkMessageType::kProbe;
-      if (size == 0) return true;
+      if (size == kArenaOfferBytes) message->arena_offer = data;
+      if (size == 0 || size == kArenaOfferBytes) return true;
       *problem = "a probe carries " + std::to_string(size) + " bytes";
       return false;
     case static_cast<uint8_t>(LinkMessageType::kFrames):
@@ -138,7 +143,10 @@ bool parse_link_message(const uint8_t* data, size_t size, const std::string& sec
       return true;
     case static_cast<uint8_t>(LinkMessageType::kFramesWithBodies):
       message->type = LinkMessageType::kFramesWithBodies;
-      return parse_bodies(data, size, message, problem);
+      return parse_bodies(data, size, /*in_arena=*/false, message, problem);
+    case static_cast<uint8_t>(LinkMessageType::kFramesWithArenaBodies):
+      message->type = LinkMessageType::kFramesWithArenaBodies;
+      return parse_bodies(data, size, /*in_arena=*/true, message, problem);
     default:
       *problem = "unknown message type " + std::to_string(type);
       return false;

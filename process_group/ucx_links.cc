@@ -23,6 +23,7 @@
 #include "process_group/ucx_link_inbound.h"
 #include "process_group/ucx_link_pieces.h"
 #include "process_group/ucx_link_message.h"
+#include "process_group/shm_arena.h"
 
 namespace drpc {
 namespace {
@@ -43,6 +44,7 @@ constexpr auto kSpin = std::chrono::milliseconds(1);
 // How long shutdown waits for sends in flight before it closes the links regardless.
 constexpr auto kCloseTimeout = std::chrono::milliseconds(500);
 
+
 std::string ucx_error(const std::string& what, ucs_status_t status) {
   return what + ": " + ucs_status_string(status);
 }
@@ -62,6 +64,8 @@ struct SendOp {
   Links* links;
   uint64_t id;  // the key in Links::pending_
   int peer;
+  bool offer_arena = false;  // a probe that offers the sender's arena
+  bool may_use_arena = false;  // its bodies may go through the arena
   LinkPieces pieces;
   std::vector<SendPart> parts;  // the head, then the bodies; sized before the first is posted
   SendCallback on_sent;         // guarded by Links::mu_; null once told
@@ -78,7 +82,7 @@ class Links final : public UcxLinks {
   ~Links() override { shutdown(); }
 
   // Creates the UCX context and worker and starts the progress thread.
-  void start(DataPlane plane) {
+  void start(DataPlane plane, size_t arena_bytes) {
     ucp_config_t* config = nullptr;
     ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
     if (status != UCS_OK) throw Error(ErrorKind::kInternal, ucx_error("reading UCX's configuration", status));
@@ -113,13 +117,18 @@ class Links final : public UcxLinks {
     if (epoll_fd_ < 0 || epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event_fd, &event) != 0) {
       throw Error(ErrorKind::kInternal, std::string("epoll on UCX's event fd: ") + std::strerror(errno));
     }
+    if (arena_bytes > 0) {
+      std::string why_not;
+      arena_ = ShmArena::create(arena_bytes, &why_not);
+      if (!arena_) VLOG(1) << "rank " << rank_ << ": large tensors stay off shared memory: " << why_not;
+    }
     progress_thread_ = std::thread([this] { progress_loop(); });
   }
 
   std::string address() const override { return address_; }
   std::string inbound_secret(int peer) const override { return inbound_.secret(peer); }
 
-  void connect(int peer, const std::string& address, const std::string& secret) override {
+  void connect(int peer, const std::string& address, const std::string& secret, bool same_host) override {
     if (peer < 0 || peer >= size_ || peer == rank_) {
       throw Error(ErrorKind::kBadArgument, "no UCX link to rank " + std::to_string(peer));
     }
@@ -145,8 +154,16 @@ class Links final : public UcxLinks {
       }
       link.secret_out = secret;
     }
-    post(peer, std::make_unique<SendOp>(), LinkMessageType::kProbe, nullptr);
+    auto probe = std::make_unique<SendOp>();
+    probe->offer_arena = same_host && arena_ != nullptr;
+    post(peer, std::move(probe), LinkMessageType::kProbe, nullptr);
   }
+
+  void use_shared_memory(int peer) override {
+    if (peer >= 0 && peer < size_ && arena_ != nullptr) peers_[peer]->arena = true;
+  }
+
+  size_t shared_memory_in_use() override { return arena_ ? arena_->bytes_in_use() : 0; }
 
   void open_inbound(int peer) override {
     inbound_.open(peer);
@@ -154,7 +171,11 @@ class Links final : public UcxLinks {
 
   void send(int peer, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
             SendCallback on_sent) override {
-    post(peer, std::make_unique<SendOp>(), LinkMessageType::kFrames,
+    auto op = std::make_unique<SendOp>();
+    // A collective's chunks land in their destinations (place_collective_frame), with one
+    // copy that two busy cores share; through the arena they would take two.
+    op->may_use_arena = header.kind() != pg::FrameHeader::COLLECTIVE;
+    post(peer, std::move(op), LinkMessageType::kFrames,
          [&](LinkPieces& pieces) { encode_frame(header, tensors, pieces); }, std::move(on_sent));
   }
 
@@ -242,6 +263,7 @@ class Links final : public UcxLinks {
     std::string secret_out;  // what ours carry; guarded by ep_mu_
     ucp_ep_h ep = nullptr;   // guarded by ep_mu_
     std::atomic<uint64_t> bodies_sent{0};  // numbers the bodies' tags
+    std::atomic<bool> arena{false};        // it attached our arena
     std::optional<Error> failed;  // guarded by mu_
     int deferred = 0;             // guarded by defer_mu_: its messages in deferred_ or being posted from it
   };
@@ -260,14 +282,28 @@ class Links final : public UcxLinks {
     }
     LinkPieces& pieces = op->pieces;
     if (encode) encode(pieces);
-    if (!pieces.bodies_.empty()) type = LinkMessageType::kFramesWithBodies;
-    for (auto& body : pieces.bodies_) body.tag = link_body_tag(link.secret_out, link.bodies_sent++);
-    pieces.add_head(link_message_head(link.secret_out, type, pieces.bodies_));
-    for (size_t i = 0; i <= pieces.bodies_.size(); ++i) op->parts.push_back(SendPart{op.get(), i});
+    std::vector<uint64_t> blocks;  // in our arena, when the bodies went there
+    if (op->may_use_arena && !pieces.bodies_.empty() && link.arena) blocks = to_arena(pieces);
+    const bool ucx_bodies = !pieces.bodies_.empty() && blocks.empty();
+    if (!blocks.empty()) {
+      type = LinkMessageType::kFramesWithArenaBodies;
+      for (size_t i = 0; i < blocks.size(); ++i) pieces.bodies_[i].tag = blocks[i];
+    } else if (ucx_bodies) {
+      type = LinkMessageType::kFramesWithBodies;
+      for (auto& body : pieces.bodies_) body.tag = link_body_tag(link.secret_out, link.bodies_sent++);
+    }
+    pieces.add_head(op->offer_arena ? link_probe_with_arena(link.secret_out, arena_->offer())
+                                    : link_message_head(link.secret_out, type, pieces.bodies_));
+    for (size_t i = 0; i <= (ucx_bodies ? pieces.bodies_.size() : 0); ++i) op->parts.push_back(SendPart{op.get(), i});
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stopped_) throw Error(ErrorKind::kShutdown, "the UCX links are shut down");
-      if (link.failed) throw *link.failed;
+      std::optional<Error> refused;
+      if (stopped_) refused = Error(ErrorKind::kShutdown, "the UCX links are shut down");
+      if (link.failed) refused = *link.failed;
+      if (refused) {
+        for (uint64_t block : blocks) arena_->unallocate(block);
+        throw *refused;
+      }
       op->on_sent = std::move(on_sent);
       op->id = next_op_id_++;
       op->outstanding = op->parts.size();
@@ -282,7 +318,7 @@ class Links final : public UcxLinks {
       // and a caller posting meanwhile spins on the lock for the whole copy: 8% of all CPU
       // time in a 4-rank allreduce on 2 cores. A peer's later messages queue behind it, so
       // that they keep their order.
-      if (!pieces.bodies_.empty() || link.deferred > 0) {
+      if (ucx_bodies || link.deferred > 0) {
         ++link.deferred;
         deferred_.push_back(raw);
         has_deferred_ = true;
@@ -294,6 +330,24 @@ class Links final : public UcxLinks {
     // The progress thread drives what is in flight from here; a thread that polls will see
     // it without a wake-up (a system call, and on a busy machine a context switch).
     if (in_flight && progress_sleeping_) ucp_worker_signal(worker_);
+  }
+
+  // Copies `pieces`' bodies into blocks of our arena and returns the blocks' offsets, one per
+  // body; or none, having copied nothing, when they do not all fit.
+  std::vector<uint64_t> to_arena(const LinkPieces& pieces) {
+    std::vector<uint64_t> blocks;
+    for (const LinkBody& body : pieces.bodies_) {
+      const auto block = arena_->allocate(body.size);
+      if (!block) {
+        for (uint64_t b : blocks) arena_->unallocate(b);
+        return {};
+      }
+      blocks.push_back(*block);
+    }
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      copier_.copy(arena_->data(blocks[i]), static_cast<const uint8_t*>(pieces.body_data_[i]), pieces.bodies_[i].size);
+    }
+    return blocks;
   }
 
   // Posts `op`'s head and bodies on `link` (ep_mu_ held shared), or cancels them all when
@@ -476,6 +530,8 @@ class Links final : public UcxLinks {
   std::atomic<bool> stop_progress_{false};
   std::atomic<bool> progress_sleeping_{false};  // from just before its last poll until it wakes
   LinkInbound inbound_;  // the progress thread's, but for secrets and open()
+  std::unique_ptr<ShmArena> arena_;  // null: no shared memory here; const once started
+  ParallelCopier copier_;  // into arena_
 
   // Held while a send uses an endpoint; exclusively while one is created or closed. Never
   // taken inside mu_: UCX's own lock (held while its callbacks take mu_) comes between.
@@ -529,10 +585,10 @@ std::string this_host_id() {
 }
 
 std::unique_ptr<UcxLinks> create_ucx_links(int rank, int size, DataPlane plane, UcxLinkSink& sink,
-                                           std::string* why_not) {
+                                           std::string* why_not, size_t arena_bytes) {
   auto links = std::make_unique<Links>(rank, size, sink);
   try {
-    links->start(plane);
+    links->start(plane, arena_bytes);
   } catch (const Error& e) {
     *why_not = e.message();
     return nullptr;

@@ -8,7 +8,9 @@
 // Messages carry the secret the receiver handed its peer over the authenticated gRPC stream
 // (ucx_link_message.h): UCX checks no token, so a message without the right secret is
 // dropped and logged, never decoded. Large tensors travel as messages of their own, which UCX
-// moves with zero copies into buffers the receiving tensors then use in place.
+// moves with zero copies into buffers the receiving tensors then use in place; between
+// processes of one host, those of RPC messages and point-to-point sends go through the
+// sender's shared-memory arena instead (shm_arena.h), which the receiving tensors use in place.
 
 #include <ATen/core/Tensor.h>
 
@@ -47,8 +49,9 @@ class UcxLinkSink {
   virtual ~UcxLinkSink() = default;
   // Frames from `source`, validated, in the order it sent them (once open_inbound(source)).
   virtual void on_link_frames(int source, std::vector<Frame> frames) = 0;
-  // `source` reached us with a probe: its link to us works.
-  virtual void on_link_probe(int source) = 0;
+  // `source` reached us with a probe: its link to us works. `shared_memory`: it offered its
+  // arena and we attached it, so its large tensors may come through shared memory.
+  virtual void on_link_probe(int source, bool shared_memory) = 0;
   // `source` sent malformed frames with the right secret (or its link broke): it is lost.
   virtual void on_link_failed(int source, const Error& why) = 0;
 };
@@ -65,9 +68,14 @@ class UcxLinks {
   // The secret `peer` must put in every message to us. Random per peer and per process.
   virtual std::string inbound_secret(int peer) const = 0;
 
-  // Opens the link to `peer` (its address and the secret it gave us) and sends it a probe.
-  // Thread-safe. Throws kPeerUnavailable saying why the link cannot be opened.
-  virtual void connect(int peer, const std::string& address, const std::string& secret) = 0;
+  // Opens the link to `peer` (its address and the secret it gave us) and sends it a probe,
+  // which offers our arena when `same_host`. Thread-safe. Throws kPeerUnavailable saying why
+  // the link cannot be opened.
+  virtual void connect(int peer, const std::string& address, const std::string& secret, bool same_host) = 0;
+
+  // `peer` attached our arena (its LINK_READY says so): large tensors of messages to it go
+  // through shared memory from now on, while the arena has room. Thread-safe.
+  virtual void use_shared_memory(int peer) = 0;
 
   // Frames from `peer` arriving before this are held, and delivered (in order) by this call:
   // the peer switched after its last frame on the other link. Thread-safe.
@@ -83,6 +91,10 @@ class UcxLinks {
   virtual void place_collective_frame(int peer, uint64_t seq, uint32_t step, const at::Tensor& dst) = 0;
   virtual void release_placements(uint64_t seq) = 0;
 
+  // Bytes of our arena that sent messages hold until their receivers let go of the tensors
+  // (0 without an arena). Thread-safe.
+  virtual size_t shared_memory_in_use() = 0;
+
   // The peer is gone: sends still in flight to it fail with `why` now, later ones throw it,
   // and release_placements no longer waits for its frames.
   virtual void fail_peer(int peer, const Error& why) = 0;
@@ -92,10 +104,15 @@ class UcxLinks {
   virtual void shutdown() = 0;
 };
 
+// The size of a process's arena: memory is committed only as blocks are first used, and a
+// message whose tensors do not fit goes the UCX way, so this bounds what a process's received
+// tensors hold of another's memory, not what it can send.
+constexpr size_t kDefaultArenaBytes = size_t{512} << 20;
+
 // Creates the links for `rank` of `size` (`plane` kAuto: shared-memory transports only;
-// kUcx: all of UCX's). `sink` must outlive the links. Returns null and sets `why_not` when
-// UCX cannot start here.
+// kUcx: all of UCX's), with an arena of `arena_bytes` (0: none). `sink` must outlive the
+// links. Returns null and sets `why_not` when UCX cannot start here.
 std::unique_ptr<UcxLinks> create_ucx_links(int rank, int size, DataPlane plane, UcxLinkSink& sink,
-                                           std::string* why_not);
+                                           std::string* why_not, size_t arena_bytes = kDefaultArenaBytes);
 
 }  // namespace drpc

@@ -28,9 +28,10 @@ class RecordingSink final : public UcxLinkSink {
     for (auto& f : frames) this->frames.push_back(std::move(f));
     changed_.notify_all();
   }
-  void on_link_probe(int source) override {
+  void on_link_probe(int source, bool shared_memory) override {
     std::lock_guard<std::mutex> lock(mu_);
     probes.push_back(source);
+    if (shared_memory) arena_offers.push_back(source);
     changed_.notify_all();
   }
   void on_link_failed(int source, const Error& why) override {
@@ -50,6 +51,7 @@ class RecordingSink final : public UcxLinkSink {
 
   std::vector<Frame> frames;
   std::vector<int> probes;
+  std::vector<int> arena_offers;  // probes whose arena was attached
   std::vector<std::string> failures;
 
  private:
@@ -96,23 +98,34 @@ struct Pair {
   RecordingSink sink0, sink1;
   std::unique_ptr<UcxLinks> rank0, rank1;
 
-  Pair() {
+  explicit Pair(size_t arena_bytes = kDefaultArenaBytes) {
     std::string why;
-    rank0 = create_ucx_links(0, 2, DataPlane::kAuto, sink0, &why);
-    rank1 = create_ucx_links(1, 2, DataPlane::kAuto, sink1, &why);
+    rank0 = create_ucx_links(0, 2, DataPlane::kAuto, sink0, &why, arena_bytes);
+    rank1 = create_ucx_links(1, 2, DataPlane::kAuto, sink1, &why, arena_bytes);
     if (!rank0 || !rank1) throw std::runtime_error("UCX did not start: " + why);
   }
 
   // Rank 0's link to rank 1, open at rank 1 (as after the SWITCH).
   void open_0_to_1() {
-    rank0->connect(1, rank1->address(), rank1->inbound_secret(0));
+    rank0->connect(1, rank1->address(), rank1->inbound_secret(0), /*same_host=*/false);
     rank1->open_inbound(0);
+  }
+
+  // The same, with rank 0 offering its arena in the probe and using it once rank 1 attached
+  // it (as after LINK_READY). False when rank 1 did not attach it.
+  bool open_0_to_1_with_arena() {
+    rank0->connect(1, rank1->address(), rank1->inbound_secret(0), /*same_host=*/true);
+    if (!sink1.wait([&] { return !sink1.probes.empty(); })) return false;
+    if (sink1.arena_offers != std::vector<int>{0}) return false;
+    rank0->use_shared_memory(1);
+    rank1->open_inbound(0);
+    return true;
   }
 };
 
 TEST(UcxLinks, ProbeThenFramesInOrderOnceOpened) {
   Pair pair;
-  pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0));
+  pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0), /*same_host=*/false);
   ASSERT_TRUE(pair.sink1.wait([&] { return !pair.sink1.probes.empty(); }));
   EXPECT_EQ(pair.sink1.probes, std::vector<int>{0});
 
@@ -182,6 +195,111 @@ TEST(UcxLinks, LargeTensorsLandInPlaceInReusedBuffers) {
     landed = received[0].data_ptr();
   }
   EXPECT_TRUE(pair.sink1.failures.empty());
+}
+
+// The tensors of a received frame, viewed where they landed.
+std::vector<at::Tensor> received_tensors(const Frame& frame) {
+  std::vector<at::Tensor> tensors;
+  size_t offset = 0;
+  for (const auto& t : frame.tensors) {
+    tensors.push_back(tensor_from_body(frame, t, offset));
+    offset += t.nbytes;
+  }
+  return tensors;
+}
+
+TEST(UcxLinks, LargeTensorsOfMessagesComeThroughTheSendersArena) {
+  Pair pair(64 << 20);
+  ASSERT_TRUE(pair.open_0_to_1_with_arena());
+  const at::Tensor a = at::arange(1 << 20, at::kFloat), b = at::arange(1 << 18, at::kDouble);
+  const at::Tensor c = at::randn({1 << 21}), small = at::full({3}, 5.0);
+  const std::vector<std::vector<at::Tensor>> messages = {{a, small}, {small}, {b, c}};
+  SentCounter sent;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    pair.rank0->send(1, p2p_header(static_cast<int64_t>(i), messages[i]), messages[i], sent.callback());
+  }
+  ASSERT_TRUE(sent.wait_for(3));
+  EXPECT_EQ(sent.failed(), 0);
+  ASSERT_TRUE(pair.sink1.wait([&] { return pair.sink1.frames.size() == 3; }));
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Frame& frame = pair.sink1.frames[i];
+    EXPECT_EQ(frame.header.tag(), static_cast<int64_t>(i));
+    const auto received = received_tensors(frame);
+    ASSERT_EQ(received.size(), messages[i].size());
+    for (size_t t = 0; t < received.size(); ++t) EXPECT_TRUE(received[t].equal(messages[i][t])) << i << "/" << t;
+  }
+  // The three large tensors wait in rank 0's arena, used in place, until rank 1 lets go.
+  const size_t large = a.nbytes() + b.nbytes() + c.nbytes();
+  EXPECT_GE(pair.rank0->shared_memory_in_use(), large);
+  EXPECT_LT(pair.rank0->shared_memory_in_use(), large + 4096);
+  // A tensor kept holds its message's blocks (b's and c's), and only those.
+  at::Tensor kept = received_tensors(pair.sink1.frames[2])[1];
+  pair.sink1.frames.clear();
+  EXPECT_GE(pair.rank0->shared_memory_in_use(), b.nbytes() + c.nbytes());
+  EXPECT_LT(pair.rank0->shared_memory_in_use(), b.nbytes() + c.nbytes() + 4096);
+  EXPECT_TRUE(kept.equal(c));
+  kept = at::Tensor();
+  EXPECT_EQ(pair.rank0->shared_memory_in_use(), 0u);
+  EXPECT_TRUE(pair.sink1.failures.empty());
+}
+
+TEST(UcxLinks, WhenTheArenaIsFullTensorsGoTheUcxWayInOrder) {
+  Pair pair(8 << 20);
+  ASSERT_TRUE(pair.open_0_to_1_with_arena());
+  SentCounter sent;
+  std::vector<at::Tensor> tensors;
+  for (int i = 0; i < 4; ++i) {
+    tensors.push_back(at::full({3 << 18}, static_cast<float>(i)));  // 3 MiB: two fit
+    pair.rank0->send(1, p2p_header(i, {tensors[i]}), {tensors[i]}, sent.callback());
+  }
+  ASSERT_TRUE(sent.wait_for(4));
+  EXPECT_EQ(sent.failed(), 0);
+  ASSERT_TRUE(pair.sink1.wait([&] { return pair.sink1.frames.size() == 4; }));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(pair.sink1.frames[i].header.tag(), i);
+    EXPECT_TRUE(received_tensors(pair.sink1.frames[i])[0].equal(tensors[i])) << i;
+  }
+  EXPECT_GE(pair.rank0->shared_memory_in_use(), 2 * tensors[0].nbytes());
+  EXPECT_LT(pair.rank0->shared_memory_in_use(), 3 * tensors[0].nbytes());
+  pair.sink1.frames.clear();
+  EXPECT_EQ(pair.rank0->shared_memory_in_use(), 0u);
+  // Room again: the next goes through the arena.
+  pair.rank0->send(1, p2p_header(9, {tensors[0]}), {tensors[0]}, sent.callback());
+  ASSERT_TRUE(pair.sink1.wait([&] { return pair.sink1.frames.size() == 1; }));
+  EXPECT_TRUE(received_tensors(pair.sink1.frames[0])[0].equal(tensors[0]));
+  EXPECT_GE(pair.rank0->shared_memory_in_use(), tensors[0].nbytes());
+  EXPECT_TRUE(pair.sink1.failures.empty());
+}
+
+TEST(UcxLinks, NoArenaIsOfferedToAnotherHostAndCollectivesKeepTheirPlaces) {
+  {
+    Pair pair;
+    pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0), /*same_host=*/false);
+    ASSERT_TRUE(pair.sink1.wait([&] { return !pair.sink1.probes.empty(); }));
+    EXPECT_TRUE(pair.sink1.arena_offers.empty());
+  }
+  {
+    Pair pair(0);  // no arena: nothing to offer
+    pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0), /*same_host=*/true);
+    ASSERT_TRUE(pair.sink1.wait([&] { return !pair.sink1.probes.empty(); }));
+    EXPECT_TRUE(pair.sink1.arena_offers.empty());
+    EXPECT_EQ(pair.rank0->shared_memory_in_use(), 0u);
+  }
+  Pair pair;
+  ASSERT_TRUE(pair.open_0_to_1_with_arena());
+  const at::Tensor chunk = at::arange(1 << 20, at::kFloat);
+  at::Tensor placed = at::zeros({1 << 20});
+  pair.rank1->place_collective_frame(0, 3, 0, placed);
+  pg::FrameHeader header;
+  header.set_kind(pg::FrameHeader::COLLECTIVE);
+  header.set_seq(3);
+  describe_tensors({chunk}, &header);
+  SentCounter sent;
+  pair.rank0->send(1, header, {chunk}, sent.callback());
+  ASSERT_TRUE(pair.sink1.wait([&] { return pair.sink1.frames.size() == 1; }));
+  EXPECT_EQ(pair.sink1.frames[0].body[0].data, placed.data_ptr());
+  EXPECT_TRUE(placed.equal(chunk));
+  EXPECT_EQ(pair.rank0->shared_memory_in_use(), 0u);
 }
 
 pg::FrameHeader collective_header(uint64_t seq, uint32_t step, const std::vector<at::Tensor>& tensors) {
@@ -290,12 +408,12 @@ TEST(UcxLinks, MessagesWithoutThePairsSecretAreDropped) {
   std::string why;
   auto intruder = create_ucx_links(0, 2, DataPlane::kAuto, intruder_sink, &why);
   ASSERT_NE(intruder, nullptr) << why;
-  intruder->connect(1, pair.rank1->address(), std::string(kLinkSecretBytes, 'x'));
+  intruder->connect(1, pair.rank1->address(), std::string(kLinkSecretBytes, 'x'), /*same_host=*/false);
   SentCounter sent;
   for (int i = 0; i < 3; ++i) intruder->send(1, p2p_header(100 + i, {}), {}, sent.callback());
   ASSERT_TRUE(sent.wait_for(3));  // written into rank 1's queue, ahead of what follows
   // Then the real rank 0: only its frames arrive, and its probe; the intruder's probe does not.
-  pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0));
+  pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0), /*same_host=*/false);
   pair.rank0->send(1, p2p_header(7, {}), {}, nullptr);
   ASSERT_TRUE(pair.sink1.wait([&] { return pair.sink1.frames.size() == 1; }));
   EXPECT_EQ(pair.sink1.frames[0].header.tag(), 7);
@@ -306,7 +424,7 @@ TEST(UcxLinks, MessagesWithoutThePairsSecretAreDropped) {
 
 TEST(UcxLinks, SendsFailOncePeerFailedAndAfterShutdown) {
   Pair pair;
-  pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0));
+  pair.rank0->connect(1, pair.rank1->address(), pair.rank1->inbound_secret(0), /*same_host=*/false);
   pair.rank0->fail_peer(1, Error(ErrorKind::kPeerUnavailable, "rank 1 is gone"));
   try {
     pair.rank0->send(1, p2p_header(1, {}), {}, nullptr);
@@ -317,14 +435,14 @@ TEST(UcxLinks, SendsFailOncePeerFailedAndAfterShutdown) {
   }
   pair.rank1->shutdown();
   pair.rank1->shutdown();  // idempotent
-  EXPECT_THROW(pair.rank1->connect(0, pair.rank0->address(), pair.rank0->inbound_secret(1)), Error);
+  EXPECT_THROW(pair.rank1->connect(0, pair.rank0->address(), pair.rank0->inbound_secret(1), /*same_host=*/false), Error);
 }
 
 TEST(UcxLinks, ConnectRejectsBadPeersAndSecrets) {
   Pair pair;
-  EXPECT_THROW(pair.rank0->connect(0, pair.rank1->address(), pair.rank1->inbound_secret(0)), Error);
-  EXPECT_THROW(pair.rank0->connect(2, pair.rank1->address(), pair.rank1->inbound_secret(0)), Error);
-  EXPECT_THROW(pair.rank0->connect(1, pair.rank1->address(), "short"), Error);
+  EXPECT_THROW(pair.rank0->connect(0, pair.rank1->address(), pair.rank1->inbound_secret(0), /*same_host=*/false), Error);
+  EXPECT_THROW(pair.rank0->connect(2, pair.rank1->address(), pair.rank1->inbound_secret(0), /*same_host=*/false), Error);
+  EXPECT_THROW(pair.rank0->connect(1, pair.rank1->address(), "short", /*same_host=*/false), Error);
   EXPECT_THROW(pair.rank0->send(1, p2p_header(1, {}), {}, nullptr), Error);  // not connected
 }
 
@@ -364,6 +482,13 @@ TEST(UcxLinkMessages, ParseChecksPrefixSecretAndType) {
             std::string::npos);
   EXPECT_NE(parse_problem(link_message_head(secret, LinkMessageType::kProbe) + "x", secret, &message)
                 .find("probe carries"),
+            std::string::npos);
+  // A probe may offer the sender's arena, in exactly kArenaOfferBytes.
+  const std::string offer(kArenaOfferBytes, 'o');
+  ASSERT_EQ(parse_problem(link_probe_with_arena(secret, offer), secret, &message), "");
+  ASSERT_NE(message.arena_offer, nullptr);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(message.arena_offer), kArenaOfferBytes), offer);
+  EXPECT_NE(parse_problem(link_probe_with_arena(secret, offer + "x"), secret, &message).find("probe carries"),
             std::string::npos);
   std::string unknown = link_message_head(secret, LinkMessageType::kFrames);
   unknown.back() = 9;
@@ -436,6 +561,18 @@ TEST(UcxLinkMessages, BodiesAreSplicedBackWhereTheyWereCut) {
   EXPECT_NE(table_problem({LinkBody{2, UINT64_MAX, kLinkBodyTagBit}}).find("has size"), std::string::npos);
   EXPECT_NE(table_problem({LinkBody{2, 8, 1}}).find("head's tag"), std::string::npos);
   EXPECT_EQ(table_problem({LinkBody{10, 8, kLinkBodyTagBit}, LinkBody{18, 1, kLinkBodyTagBit}}), "");
+  // An arena body's tag is its block's offset, which any value may be (its mapping checks it).
+  EXPECT_EQ(parse_problem(link_message_head(secret, LinkMessageType::kFramesWithArenaBodies, {LinkBody{2, 8, 4160}}) +
+                              "0123456789",
+                          secret, &message),
+            "");
+  EXPECT_EQ(message.type, LinkMessageType::kFramesWithArenaBodies);
+  EXPECT_EQ(message.bodies.at(0).tag, 4160u);
+  EXPECT_NE(parse_problem(link_message_head(secret, LinkMessageType::kFramesWithArenaBodies, {LinkBody{11, 8, 4160}}) +
+                              "0123456789",
+                          secret, &message)
+                .find("past the frames"),
+            std::string::npos);
   std::string huge_count = link_message_head(secret, LinkMessageType::kFramesWithBodies, {});
   huge_count.replace(kLinkPrefixBytes, 4, "\xff\xff\xff\xff");
   EXPECT_NE(parse_problem(huge_count + "xx", secret, &message).find("claims 4294967295 bodies"), std::string::npos);
