@@ -22,7 +22,8 @@ LinkRouter::~LinkRouter() { shutdown(); }
 
 std::string LinkRouter::link_to(int peer) const {
   std::shared_lock<std::shared_mutex> lock(routes_.at(peer)->mu);
-  return routes_[peer]->on_link ? "ucx" : "grpc";
+  if (!routes_[peer]->on_link) return "grpc";
+  return routes_[peer]->shared_memory ? "ucx+shm" : "ucx";
 }
 
 void LinkRouter::send(int dst, const pg::FrameHeader& header, const std::vector<at::Tensor>& tensors,
@@ -115,6 +116,7 @@ void LinkRouter::switch_to_link(int peer, bool shared_memory) {
   std::unique_lock<std::shared_mutex> lock(route.mu);
   if (route.on_link) return;
   if (shared_memory) links_->use_shared_memory(peer);
+  route.shared_memory = shared_memory;
   try {
     streams_.send_on_stream(peer, control_header(pg::FrameHeader::SWITCH), {}, nullptr);
   } catch (const Error&) {

@@ -53,7 +53,8 @@ class LinkRouter final : private UcxLinkSink {
   LinkRouter(const LinkRouter&) = delete;
   LinkRouter& operator=(const LinkRouter&) = delete;
 
-  // "ucx" or "grpc": where frames to `peer` go now. Thread-safe.
+  // "ucx+shm" (UCX, large tensors through our arena), "ucx" or "grpc": where frames to
+  // `peer` go now. Thread-safe.
   std::string link_to(int peer) const;
 
   // Sends on `dst`'s stream or, once switched, its link; in order across the switch.
@@ -88,6 +89,7 @@ class LinkRouter final : private UcxLinkSink {
     // Sends hold mu shared; the switch holds it alone, so no frame passes the SWITCH.
     mutable std::shared_mutex mu;
     bool on_link = false;  // guarded by mu
+    bool shared_memory = false;  // guarded by mu: the peer attached our arena
     bool decided = false;  // guarded by LinkRouter::mu_: on UCX, or staying on gRPC
   };
 

@@ -77,7 +77,8 @@ class ProcessGroup {
   // MessagePort sharing the transport stops too. Idempotent.
   virtual void shutdown() = 0;
 
-  // Which link carries this rank's frames to `rank`: "grpc", "ucx", "memory" (in-memory
+  // Which link carries this rank's frames to `rank`: "grpc", "ucx", "ucx+shm" (UCX, with
+  // large tensors of messages through this rank's shared-memory arena), "memory" (in-memory
   // groups) or "self". For diagnostics and tests. Thread-safe; throws kBadArgument for a
   // rank out of range.
   virtual std::string link_to(int rank) const = 0;

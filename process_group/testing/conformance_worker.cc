@@ -28,9 +28,10 @@ using std::chrono::milliseconds;
 
 int run_conformance_scenario(ProcessGroup& group, MessagePort& messages) {
   auto failures = testing::run_conformance(group, messages);
-  // Every pair is on the link DRPC_DATA_PLANE asks for ("auto": UCX, all ranks being on this host).
+  // Every pair is on the link DRPC_DATA_PLANE asks for ("auto": UCX, all ranks being on this
+  // host, with large tensors through shared memory).
   const char* plane = std::getenv("DRPC_DATA_PLANE");
-  const std::string expected = plane != nullptr && std::string(plane) == "grpc" ? "grpc" : "ucx";
+  const std::string expected = plane != nullptr && std::string(plane) == "grpc" ? "grpc" : "ucx+shm";
   for (int peer = 0; peer < group.size(); ++peer) {
     const std::string link = group.link_to(peer);
     if (peer != group.rank() && link != expected) {
