@@ -13,7 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
-targets=(${DRPC_FUZZ_TARGETS:-frame value_codec rref autograd})
+targets=(${DRPC_FUZZ_TARGETS:-frame link_message value_codec rref autograd})
 output_base=${DRPC_FUZZ_OUTPUT_BASE:-$HOME/.cache/drpc-fuzz-ob}
 command -v clang++-14 >/dev/null || { echo "fuzz.sh: clang-14 is missing (apt-get install clang-14 libclang-rt-14-dev)"; exit 1; }
 
