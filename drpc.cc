@@ -278,6 +278,10 @@ ProcessGroupFactory grpc_process_group_factory() {
     pg.heartbeat_interval = options.heartbeat_interval;
     pg.heartbeat_misses = options.heartbeat_misses;
     pg.data_plane = options.data_plane;
+    if (options.shm_arena_mb < 0) {
+      throw Error(ErrorKind::kBadArgument, "shm_arena_mb must be 0 or more, got " + std::to_string(options.shm_arena_mb));
+    }
+    pg.shm_arena_bytes = options.shm_arena_mb << 20;
     return create_grpc_group_endpoints(store, rank, world_size, pg);
   };
 }

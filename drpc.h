@@ -71,6 +71,10 @@ struct Options {
   // DRPC_DATA_PLANE environment variable, else "auto". A pair whose UCX link cannot be
   // opened stays on gRPC (--v=1 says why).
   std::string data_plane;
+  // Between workers on one host, the large tensors of messages go through a shared-memory
+  // arena per peer of this many MiB of address space, used as needed (README: "Shared memory
+  // for large tensors"). 0: none; they travel as UCX messages. Negative: kBadArgument.
+  int64_t shm_arena_mb = 512;
   std::string backend = "process_group";
   std::vector<std::pair<std::string, std::string>> scripts;  // TorchScript to host: name, path
   // Autograd contexts created by another worker and unused this long are reclaimed.

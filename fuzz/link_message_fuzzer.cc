@@ -85,7 +85,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   const bool in_arena = message.type == drpc::LinkMessageType::kFramesWithArenaBodies;
-  if (in_arena) take_arena_bodies(message);
+  std::vector<drpc::LinkBodyOwner> arena_owners;  // as the receiver: whole tensors only
+  if (in_arena && drpc::link_body_owners(message, &arena_owners)) take_arena_bodies(message);
   // The bodies, as the receiver would get them (here: zeros), within reason for memory.
   uint64_t body_bytes = 0;
   for (const auto& body : message.bodies) {

@@ -30,6 +30,8 @@ GroupEndpoints create_grpc_group_endpoints(Store& store, int rank, int size, con
   transport.heartbeat_misses = options.heartbeat_misses;
   transport.group_name = options.group_name;
   transport.data_plane = resolve_data_plane(options.data_plane);
+  if (options.shm_arena_bytes < 0) throw Error(ErrorKind::kBadArgument, "shm_arena_bytes must be 0 or more");
+  transport.shm_arena_bytes = static_cast<size_t>(options.shm_arena_bytes);
   CollectiveOptions collective;
   collective.timeout = options.timeout;
   collective.ring_threshold_bytes = options.ring_threshold_bytes;

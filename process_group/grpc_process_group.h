@@ -31,6 +31,8 @@ struct GrpcProcessGroupOptions {
   // trusted networks) or "grpc". Empty: the DRPC_DATA_PLANE environment variable, else auto.
   // Throws kBadArgument for any other value.
   std::string data_plane;
+  // The shared-memory arena per peer on this host for large tensors of messages (0: none).
+  int64_t shm_arena_bytes = int64_t{512} << 20;
 };
 
 // Joins the group of `size` ranks rendezvousing through `store` (borrowed; used only

@@ -160,7 +160,7 @@ class GrpcTransport final : public Transport, private StreamSide {
         protocol_({rank, size, options.security.token, options.group_name}, options.heartbeat_interval,
                   options.heartbeat_misses),
         service_(*this),
-        router_(rank, size, options.data_plane, *this) {
+        router_(rank, size, options.data_plane, *this, options.shm_arena_bytes) {
     if (size <= 0) throw Error(ErrorKind::kBadArgument, "world size must be positive, got " + std::to_string(size));
     check_rank_in_world(rank, size);
     for (int r = 0; r < size; ++r) peers_.push_back(std::make_unique<Peer>());

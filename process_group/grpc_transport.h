@@ -30,6 +30,8 @@ struct GrpcTransportOptions {
   // Which link carries frames once a pair is connected (ucx_links.h). Whatever the choice,
   // a pair whose UCX link cannot be opened or probed stays on gRPC.
   DataPlane data_plane = DataPlane::kAuto;
+  // Each UCX peer's shared-memory arena on this host (ucx_links.h; 0: none).
+  size_t shm_arena_bytes = kDefaultArenaBytes;
 };
 
 // Listens, publishes this rank's address in `store`, connects to every peer and returns

@@ -8,12 +8,12 @@
 
 namespace drpc {
 
-LinkRouter::LinkRouter(int rank, int size, DataPlane plane, StreamSide& streams)
+LinkRouter::LinkRouter(int rank, int size, DataPlane plane, StreamSide& streams, size_t arena_bytes)
     : rank_(rank), size_(size), plane_(plane), streams_(streams), host_id_(this_host_id()) {
   for (int r = 0; r < size; ++r) routes_.push_back(std::make_unique<Route>());
   if (plane != DataPlane::kGrpc && size > 1) {
     std::string why_not;
-    links_ = create_ucx_links(rank, size, plane, *this, &why_not);
+    links_ = create_ucx_links(rank, size, plane, *this, &why_not, arena_bytes);
     if (!links_) VLOG(1) << "rank " << rank << ": no UCX links, every peer stays on gRPC: " << why_not;
   }
 }

@@ -48,7 +48,7 @@ class LinkRouter final : private UcxLinkSink {
  public:
   // `streams` must outlive this. Without links (`plane` kGrpc, a world of one, or UCX not
   // starting here: said at --v=1) every peer stays on its stream.
-  LinkRouter(int rank, int size, DataPlane plane, StreamSide& streams);
+  LinkRouter(int rank, int size, DataPlane plane, StreamSide& streams, size_t arena_bytes = kDefaultArenaBytes);
   ~LinkRouter() override;
   LinkRouter(const LinkRouter&) = delete;
   LinkRouter& operator=(const LinkRouter&) = delete;

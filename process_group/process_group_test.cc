@@ -102,7 +102,8 @@ INSTANTIATE_TEST_SUITE_P(ThreadRanks, Conformance, ::testing::ValuesIn(all_param
 
 // Ranks 0..n-1 join one group, rank r with data_plane planes[r]; returns each rank's
 // link_to() of every rank.
-std::vector<std::vector<std::string>> links_chosen(const std::vector<std::string>& planes) {
+std::vector<std::vector<std::string>> links_chosen(const std::vector<std::string>& planes,
+                                                   int64_t shm_arena_bytes = int64_t{512} << 20) {
   auto store = create_in_memory_store();
   const int n = static_cast<int>(planes.size());
   std::vector<GroupEndpoints> ranks(n);
@@ -113,6 +114,7 @@ std::vector<std::vector<std::string>> links_chosen(const std::vector<std::string
       try {
         GrpcProcessGroupOptions options;
         options.data_plane = planes[r];
+        options.shm_arena_bytes = shm_arena_bytes;
         ranks[r] = create_grpc_group_endpoints(*store, r, n, options);
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -149,6 +151,13 @@ TEST(DataPlane, AutoLinksRanksOnThisHostOverUcx) {
   ASSERT_EQ(links.size(), 3u);
   EXPECT_EQ(links[0], (std::vector<std::string>{"self", "ucx+shm", "ucx+shm"}));
   EXPECT_EQ(links[2], (std::vector<std::string>{"ucx+shm", "ucx+shm", "self"}));
+}
+
+TEST(DataPlane, WithoutAnArenaLargeTensorsStayOnUcxMessages) {
+  const auto links = links_chosen({"auto", "auto"}, /*shm_arena_bytes=*/0);
+  ASSERT_EQ(links.size(), 2u);
+  EXPECT_EQ(links[0], (std::vector<std::string>{"self", "ucx"}));
+  EXPECT_EQ(links[1], (std::vector<std::string>{"ucx", "self"}));
 }
 
 TEST(DataPlane, APairStaysOnGrpcWhenEitherSideAsksForIt) {

@@ -3,12 +3,14 @@
 #include "process_group/shm_arena.h"
 
 #include <sched.h>
+#include <unistd.h>
 #include <sys/ipc.h>
 #include <sys/shm.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 
 namespace drpc {
@@ -48,7 +50,9 @@ std::unique_ptr<ShmArena> ShmArena::create(size_t size, std::string* why_not) {
     *why_not = "an arena of " + std::to_string(size) + " bytes holds nothing";
     return nullptr;
   }
-  const int id = shmget(IPC_PRIVATE, size, IPC_CREAT | IPC_EXCL | 0600);
+  // SHM_NORESERVE: no swap is reserved for the whole size up front (the kernel's overcommit
+  // accounting would otherwise count it all at once); pages are taken as blocks are first used.
+  const int id = shmget(IPC_PRIVATE, size, IPC_CREAT | IPC_EXCL | SHM_NORESERVE | 0600);
   if (id < 0) {
     *why_not = errno_text("creating a shared memory segment of " + std::to_string(size) + " bytes");
     return nullptr;
@@ -208,8 +212,10 @@ std::shared_ptr<uint8_t> ArenaMapping::take(uint64_t offset, uint64_t size, std:
     *problem = "the block at " + std::to_string(offset) + " was not sent";
     return nullptr;
   }
-  return std::shared_ptr<uint8_t>(base_ + offset, [self = shared_from_this(), state](uint8_t*) {
-    __atomic_store_n(state, kBlockReleased, __ATOMIC_RELEASE);
+  // A process forked from this one shares the block, but its copy of the tensor is not the
+  // one the sender waits for: only this process gives it back.
+  return std::shared_ptr<uint8_t>(base_ + offset, [self = shared_from_this(), state, pid = getpid()](uint8_t*) {
+    if (getpid() == pid) __atomic_store_n(state, kBlockReleased, __ATOMIC_RELEASE);
   });
 }
 
@@ -230,6 +236,7 @@ void ParallelCopier::work(Job& job) {
 }
 
 void ParallelCopier::copy(uint8_t* dst, const uint8_t* src, size_t size) {
+  if (size == 0) return;
   std::unique_lock<std::mutex> use(use_mu_, std::defer_lock);
   if (size < kParallelCopyBytes || !use.try_lock()) {
     std::memcpy(dst, src, size);
@@ -242,7 +249,15 @@ void ParallelCopier::copy(uint8_t* dst, const uint8_t* src, size_t size) {
   uint64_t mine;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!helper_.joinable()) helper_ = std::thread([this] { helper_loop(); });
+    if (!helper_.joinable()) {
+      try {
+        helper_ = std::thread([this] { helper_loop(); });
+      } catch (const std::system_error&) {  // no thread to be had: copy alone
+        use.unlock();
+        std::memcpy(dst, src, size);
+        return;
+      }
+    }
     mine = ++posted_;
   }
   wake_.notify_one();

@@ -3,18 +3,20 @@
 // Internal to //process_group: shared memory for large tensors between the processes of one
 // host (the UCX links' arena bodies, ucx_link_message.h).
 //
-// A sender copies a tensor's bytes into a block of its arena, a System V segment its peers on
-// this host attach, and names the block in the message's head. The receiver uses the block in
-// place as the received tensor's storage and marks it released when that tensor dies; the
-// sender then reuses it. A 64 MiB tensor so costs one memcpy (two threads) instead of UCX's
+// A sender copies a tensor's bytes into a block of its arena for that peer, a System V
+// segment the peer attaches, and names the block in the message's head. The receiver uses the
+// block in place as the received tensor's storage and marks it released when the message's
+// tensors are all gone; the sender then reuses it. One arena per peer: no peer can read or
+// change what is sent to another. A 64 MiB tensor so costs one memcpy (two threads) instead of UCX's
 // rendezvous and a cross-memory copy on one thread: process_vm_readv moved 3.7-4.3 GB/s here,
 // memcpy into an arena 12-20 GB/s on two threads.
 //
 // The segment is marked for removal as soon as it is created: the kernel frees it once the
-// last process that attached it detaches or exits, whatever happens to the job. Any process
-// of the same user may attach a segment (as it may read the process's memory with
-// process_vm_readv); a receiver checks a random nonce the sender sent over the authenticated
-// link before it trusts a segment to be its peer's.
+// last process that attached it detaches or exits, whatever happens to the job. Pages, once
+// used, stay in memory until then. Any process of the same user may attach a segment (mode
+// 0600); a receiver checks a random nonce the sender sent over the authenticated link before
+// it trusts a segment to be its peer's. A process forked from a receiver shares the blocks of
+// the tensors it inherited, and never gives them back (only the receiver does).
 
 #include <atomic>
 #include <condition_variable>
@@ -46,8 +48,10 @@ class ShmArena {
   // kArenaOfferBytes for a peer's ArenaMapping::attach.
   const std::string& offer() const { return offer_; }
 
-  // The offset of a block of at least `size` bytes, marked as sent, or nullopt when the arena
-  // has no room for it (blocks receivers still hold are not reused). Thread-safe.
+  // The offset of a block of at least `size` bytes, or nullopt when the arena has no room for
+  // it (blocks receivers still hold are not reused). The block is marked sent at once: a
+  // receiver takes only blocks a message names, and the sender fills them before it sends.
+  // Thread-safe.
   std::optional<uint64_t> allocate(size_t size);
   // Gives back a block allocate() returned that was never sent; one a receiver took stays
   // theirs. Thread-safe.
@@ -95,7 +99,8 @@ class ArenaMapping : public std::enable_shared_from_this<ArenaMapping> {
 
 // Copies with a helper thread for large sizes, so that a tensor's bytes reach the arena at
 // two cores' memory bandwidth. The helper sleeps until a copy asks for it; a copy never waits
-// for it to wake (the caller takes every chunk it has not started).
+// for it to wake (the caller takes every chunk it has not started), only for the chunk it is
+// copying (1 MiB) to end.
 class ParallelCopier {
  public:
   ParallelCopier() = default;
@@ -103,7 +108,8 @@ class ParallelCopier {
   ParallelCopier(const ParallelCopier&) = delete;
   ParallelCopier& operator=(const ParallelCopier&) = delete;
 
-  // memcpy(dst, src, size). Thread-safe; one copy at a time gets the helper, others copy alone.
+  // memcpy(dst, src, size). Thread-safe; one copy at a time gets the helper, others copy alone
+  // (as all do when no thread can be started). Does not throw.
   void copy(uint8_t* dst, const uint8_t* src, size_t size);
 
  private:

@@ -174,6 +174,27 @@ TEST(ShmArena, AnotherProcessTakesAndReleases) {
   EXPECT_EQ(pair.arena->bytes_in_use(), 0u);  // released by the other process
 }
 
+TEST(ShmArena, AForkedChildDoesNotGiveBackTheBlocksItInherited) {
+  ArenaAndMapping pair(4 * kMiB);
+  const auto block = pair.arena->allocate(kMiB);
+  ASSERT_TRUE(block.has_value());
+  std::string problem;
+  auto taken = pair.mapping->take(*block, kMiB, &problem);
+  ASSERT_NE(taken, nullptr) << problem;
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // drops its copy of the tensor's storage, as a forked worker would
+    taken.reset();
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_GE(pair.arena->bytes_in_use(), kMiB);  // still the parent's
+  taken.reset();
+  EXPECT_EQ(pair.arena->bytes_in_use(), 0u);
+}
+
 TEST(ParallelCopier, CopiesEveryByteAloneOrTogether) {
   ParallelCopier copier;
   for (size_t size : {size_t{0}, size_t{1}, 4 * kMiB - 1, 4 * kMiB, 9 * kMiB + 123}) {

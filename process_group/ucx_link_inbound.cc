@@ -272,12 +272,19 @@ void LinkInbound::post_bodies(ucp_worker_h worker, InboundMessage& in, Peer& lin
 
 void LinkInbound::take_arena_bodies(InboundMessage& in, Peer& link) {
   in.bodies.resize(in.message.bodies.size());
+  // Each body must be one whole tensor of its frame: the sender can still write its arena,
+  // so no header may be read from there.
+  std::vector<LinkBodyOwner> owners;
+  if (!link_body_owners(in.message, &owners)) {
+    in.valid = false;
+    in.problem = "its arena bodies are not whole tensors of its frames";
+  }
   for (size_t i = 0; i < in.bodies.size(); ++i) {
     BodyReceive& body = in.bodies[i];
     body.size = in.message.bodies[i].size;
     body.info.length = body.size;
     std::string problem = "its probe offered no arena";
-    if (link.arena != nullptr) body.buffer = link.arena->take(in.message.bodies[i].tag, body.size, &problem);
+    if (link.arena != nullptr && in.valid) body.buffer = link.arena->take(in.message.bodies[i].tag, body.size, &problem);
     if (body.buffer == nullptr && in.valid) {
       in.valid = false;
       in.problem = "body " + std::to_string(i) + " is not in the sender's arena: " + problem;

@@ -66,6 +66,8 @@ struct SendOp {
   int peer;
   bool offer_arena = false;  // a probe that offers the sender's arena
   bool may_use_arena = false;  // its bodies may go through the arena
+  ShmArena* arena = nullptr;   // where `blocks` are, when its bodies went there
+  std::vector<uint64_t> blocks;  // given back if the head is never posted
   LinkPieces pieces;
   std::vector<SendPart> parts;  // the head, then the bodies; sized before the first is posted
   SendCallback on_sent;         // guarded by Links::mu_; null once told
@@ -83,6 +85,7 @@ class Links final : public UcxLinks {
 
   // Creates the UCX context and worker and starts the progress thread.
   void start(DataPlane plane, size_t arena_bytes) {
+    arena_bytes_ = arena_bytes;
     ucp_config_t* config = nullptr;
     ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
     if (status != UCS_OK) throw Error(ErrorKind::kInternal, ucx_error("reading UCX's configuration", status));
@@ -117,11 +120,6 @@ class Links final : public UcxLinks {
     if (epoll_fd_ < 0 || epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event_fd, &event) != 0) {
       throw Error(ErrorKind::kInternal, std::string("epoll on UCX's event fd: ") + std::strerror(errno));
     }
-    if (arena_bytes > 0) {
-      std::string why_not;
-      arena_ = ShmArena::create(arena_bytes, &why_not);
-      if (!arena_) VLOG(1) << "rank " << rank_ << ": large tensors stay off shared memory: " << why_not;
-    }
     progress_thread_ = std::thread([this] { progress_loop(); });
   }
 
@@ -153,17 +151,33 @@ class Links final : public UcxLinks {
                     ucx_error("UCX cannot reach rank " + std::to_string(peer), status));
       }
       link.secret_out = secret;
+      // An arena per peer, so that no peer can read or change what is sent to another.
+      if (same_host && arena_bytes_ > 0) {
+        std::string why_not;
+        link.arena = ShmArena::create(arena_bytes_, &why_not);
+        if (!link.arena) {
+          VLOG(1) << "rank " << rank_ << ": large tensors to rank " << peer << " stay off shared memory: " << why_not;
+        }
+      }
     }
     auto probe = std::make_unique<SendOp>();
-    probe->offer_arena = same_host && arena_ != nullptr;
+    probe->offer_arena = peers_[peer]->arena != nullptr;  // set above, under ep_mu_; never reset
     post(peer, std::move(probe), LinkMessageType::kProbe, nullptr);
   }
 
   void use_shared_memory(int peer) override {
-    if (peer >= 0 && peer < size_ && arena_ != nullptr) peers_[peer]->arena = true;
+    if (peer < 0 || peer >= size_) return;
+    std::shared_lock<std::shared_mutex> lock(ep_mu_);
+    // Only an arena we offered: a LINK_READY that claims more is ignored.
+    if (peers_[peer]->arena != nullptr) peers_[peer]->arena_in_use = true;
   }
 
-  size_t shared_memory_in_use() override { return arena_ ? arena_->bytes_in_use() : 0; }
+  size_t shared_memory_in_use() override {
+    std::shared_lock<std::shared_mutex> lock(ep_mu_);
+    size_t total = 0;
+    for (const auto& link : peers_) total += link->arena ? link->arena->bytes_in_use() : 0;
+    return total;
+  }
 
   void open_inbound(int peer) override {
     inbound_.open(peer);
@@ -263,7 +277,8 @@ class Links final : public UcxLinks {
     std::string secret_out;  // what ours carry; guarded by ep_mu_
     ucp_ep_h ep = nullptr;   // guarded by ep_mu_
     std::atomic<uint64_t> bodies_sent{0};  // numbers the bodies' tags
-    std::atomic<bool> arena{false};        // it attached our arena
+    std::unique_ptr<ShmArena> arena;       // offered to it in our probe; set under ep_mu_ (held alone)
+    std::atomic<bool> arena_in_use{false};  // it attached the arena
     std::optional<Error> failed;  // guarded by mu_
     int deferred = 0;             // guarded by defer_mu_: its messages in deferred_ or being posted from it
   };
@@ -282,32 +297,31 @@ class Links final : public UcxLinks {
     }
     LinkPieces& pieces = op->pieces;
     if (encode) encode(pieces);
-    std::vector<uint64_t> blocks;  // in our arena, when the bodies went there
-    if (op->may_use_arena && !pieces.bodies_.empty() && link.arena) blocks = to_arena(pieces);
-    const bool ucx_bodies = !pieces.bodies_.empty() && blocks.empty();
-    if (!blocks.empty()) {
-      type = LinkMessageType::kFramesWithArenaBodies;
-      for (size_t i = 0; i < blocks.size(); ++i) pieces.bodies_[i].tag = blocks[i];
-    } else if (ucx_bodies) {
-      type = LinkMessageType::kFramesWithBodies;
-      for (auto& body : pieces.bodies_) body.tag = link_body_tag(link.secret_out, link.bodies_sent++);
+    if (op->may_use_arena && !pieces.bodies_.empty() && link.arena_in_use && !refusal(link)) {
+      op->arena = link.arena.get();
+      op->blocks = to_arena(pieces, *op->arena);
     }
-    pieces.add_head(op->offer_arena ? link_probe_with_arena(link.secret_out, arena_->offer())
-                                    : link_message_head(link.secret_out, type, pieces.bodies_));
-    for (size_t i = 0; i <= (ucx_bodies ? pieces.bodies_.size() : 0); ++i) op->parts.push_back(SendPart{op.get(), i});
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      std::optional<Error> refused;
-      if (stopped_) refused = Error(ErrorKind::kShutdown, "the UCX links are shut down");
-      if (link.failed) refused = *link.failed;
-      if (refused) {
-        for (uint64_t block : blocks) arena_->unallocate(block);
-        throw *refused;
+    const bool ucx_bodies = !pieces.bodies_.empty() && op->blocks.empty();
+    try {
+      if (!op->blocks.empty()) {
+        type = LinkMessageType::kFramesWithArenaBodies;
+        for (size_t i = 0; i < op->blocks.size(); ++i) pieces.bodies_[i].tag = op->blocks[i];
+      } else if (ucx_bodies) {
+        type = LinkMessageType::kFramesWithBodies;
+        for (auto& body : pieces.bodies_) body.tag = link_body_tag(link.secret_out, link.bodies_sent++);
       }
+      pieces.add_head(op->offer_arena ? link_probe_with_arena(link.secret_out, link.arena->offer())
+                                      : link_message_head(link.secret_out, type, pieces.bodies_));
+      for (size_t i = 0; i <= (ucx_bodies ? pieces.bodies_.size() : 0); ++i) op->parts.push_back(SendPart{op.get(), i});
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto refused = refusal_locked(link)) throw *refused;
       op->on_sent = std::move(on_sent);
       op->id = next_op_id_++;
       op->outstanding = op->parts.size();
       pending_.emplace(op->id, op.get());
+    } catch (...) {
+      give_back_blocks(*op);  // nothing named them
+      throw;
     }
     SendOp* raw = op.release();  // part_done deletes it after its last part
     bool deferred = false;
@@ -332,22 +346,38 @@ class Links final : public UcxLinks {
     if (in_flight && progress_sleeping_) ucp_worker_signal(worker_);
   }
 
-  // Copies `pieces`' bodies into blocks of our arena and returns the blocks' offsets, one per
+  // Why a message to `link` cannot be sent now, if it cannot.
+  std::optional<Error> refusal(const Peer& link) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return refusal_locked(link);
+  }
+  std::optional<Error> refusal_locked(const Peer& link) {  // mu_ held
+    if (stopped_) return Error(ErrorKind::kShutdown, "the UCX links are shut down");
+    return link.failed;
+  }
+
+  // Copies `pieces`' bodies into blocks of `arena` and returns the blocks' offsets, one per
   // body; or none, having copied nothing, when they do not all fit.
-  std::vector<uint64_t> to_arena(const LinkPieces& pieces) {
+  std::vector<uint64_t> to_arena(const LinkPieces& pieces, ShmArena& arena) {
     std::vector<uint64_t> blocks;
     for (const LinkBody& body : pieces.bodies_) {
-      const auto block = arena_->allocate(body.size);
+      const auto block = arena.allocate(body.size);
       if (!block) {
-        for (uint64_t b : blocks) arena_->unallocate(b);
+        for (uint64_t b : blocks) arena.unallocate(b);
         return {};
       }
       blocks.push_back(*block);
     }
     for (size_t i = 0; i < blocks.size(); ++i) {
-      copier_.copy(arena_->data(blocks[i]), static_cast<const uint8_t*>(pieces.body_data_[i]), pieces.bodies_[i].size);
+      copier_.copy(arena.data(blocks[i]), static_cast<const uint8_t*>(pieces.body_data_[i]), pieces.bodies_[i].size);
     }
     return blocks;
+  }
+
+  // An arena message whose head was never posted: no peer can take its blocks.
+  static void give_back_blocks(SendOp& op) {
+    for (uint64_t block : op.blocks) op.arena->unallocate(block);
+    op.blocks.clear();
   }
 
   // Posts `op`'s head and bodies on `link` (ep_mu_ held shared), or cancels them all when
@@ -368,6 +398,7 @@ class Links final : public UcxLinks {
     bool in_flight = false;
     for (size_t i = 0; i < parts; ++i) {
       if (head_failed) {  // the peer would never ask for the bodies
+        if (i == 0) give_back_blocks(*op);
         part_done(op, i, UCS_ERR_CANCELED);
         continue;
       }
@@ -396,6 +427,7 @@ class Links final : public UcxLinks {
         part_done(op, i, UCS_OK);
       } else if (UCS_PTR_IS_ERR(request)) {
         head_failed = i == 0;
+        if (head_failed) give_back_blocks(*op);  // refused at once: not sent
         part_done(op, i, UCS_PTR_STATUS(request));
       } else {
         in_flight = true;
@@ -530,8 +562,8 @@ class Links final : public UcxLinks {
   std::atomic<bool> stop_progress_{false};
   std::atomic<bool> progress_sleeping_{false};  // from just before its last poll until it wakes
   LinkInbound inbound_;  // the progress thread's, but for secrets and open()
-  std::unique_ptr<ShmArena> arena_;  // null: no shared memory here; const once started
-  ParallelCopier copier_;  // into arena_
+  size_t arena_bytes_ = 0;  // of each peer's arena (0: none); const once started
+  ParallelCopier copier_;  // into the peers' arenas
 
   // Held while a send uses an endpoint; exclusively while one is created or closed. Never
   // taken inside mu_: UCX's own lock (held while its callbacks take mu_) comes between.

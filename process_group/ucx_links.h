@@ -104,13 +104,13 @@ class UcxLinks {
   virtual void shutdown() = 0;
 };
 
-// The size of a process's arena: memory is committed only as blocks are first used, and a
-// message whose tensors do not fit goes the UCX way, so this bounds what a process's received
-// tensors hold of another's memory, not what it can send.
+// The size of the arena for each peer on this host: memory is taken only as blocks are first
+// used, and a message whose tensors do not fit goes the UCX way, so this bounds what a peer's
+// received tensors hold of this process's memory, not what it can send.
 constexpr size_t kDefaultArenaBytes = size_t{512} << 20;
 
 // Creates the links for `rank` of `size` (`plane` kAuto: shared-memory transports only;
-// kUcx: all of UCX's), with an arena of `arena_bytes` (0: none). `sink` must outlive the
+// kUcx: all of UCX's), with an arena of `arena_bytes` per peer on this host (0: none). `sink` must outlive the
 // links. Returns null and sets `why_not` when UCX cannot start here.
 std::unique_ptr<UcxLinks> create_ucx_links(int rank, int size, DataPlane plane, UcxLinkSink& sink,
                                            std::string* why_not, size_t arena_bytes = kDefaultArenaBytes);

@@ -271,6 +271,23 @@ TEST(UcxLinks, WhenTheArenaIsFullTensorsGoTheUcxWayInOrder) {
   EXPECT_TRUE(pair.sink1.failures.empty());
 }
 
+TEST(UcxLinks, AMessageRefusedBeforeItsHeadWasPostedGivesItsBlocksBack) {
+  Pair pair(16 << 20);
+  ASSERT_TRUE(pair.open_0_to_1_with_arena());
+  const at::Tensor large = at::ones({1 << 20});
+  SentCounter sent;
+  pair.rank0->send(1, p2p_header(1, {large}), {large}, sent.callback());
+  ASSERT_TRUE(pair.sink1.wait([&] { return pair.sink1.frames.size() == 1; }));
+  EXPECT_GE(pair.rank0->shared_memory_in_use(), large.nbytes());  // rank 1 holds it
+  pair.rank0->fail_peer(1, Error(ErrorKind::kPeerUnavailable, "rank 1 is gone"));
+  // Refused: nothing names its blocks, so they are free again; rank 1's are still held.
+  EXPECT_THROW(pair.rank0->send(1, p2p_header(2, {large}), {large}, sent.callback()), Error);
+  EXPECT_GE(pair.rank0->shared_memory_in_use(), large.nbytes());
+  EXPECT_LT(pair.rank0->shared_memory_in_use(), 2 * large.nbytes());
+  pair.sink1.frames.clear();
+  EXPECT_EQ(pair.rank0->shared_memory_in_use(), 0u);
+}
+
 TEST(UcxLinks, NoArenaIsOfferedToAnotherHostAndCollectivesKeepTheirPlaces) {
   {
     Pair pair;

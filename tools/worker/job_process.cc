@@ -34,6 +34,7 @@ DEFINE_string(tls_server_name, "", "TLS: the name in peers' certificates, if not
 DEFINE_int32(heartbeat_ms, 1000, "heartbeat interval (0: off)");
 DEFINE_int32(heartbeat_misses, 10, "missed heartbeats after which a peer is declared failed");
 DEFINE_string(data_plane, "", "auto | ucx | grpc: the link between workers (else DRPC_DATA_PLANE, else auto)");
+DEFINE_int64(shm_arena_mb, 512, "MiB of shared-memory arena per peer on this host for large tensors (0: none)");
 DEFINE_int32(metrics_port, -1, "serve /metrics, /healthz and /state on this port (0: any free one; -1: off)");
 DEFINE_string(metrics_host, "127.0.0.1", "the address the metrics endpoint listens on");
 DEFINE_int32(tolerate_failed_peers, 0, "/healthz stays 200 with up to this many peers gone (failed or stopped)");
@@ -216,6 +217,7 @@ Settings settings_from_flags() {
   o.tls_server_name = FLAGS_tls_server_name;
   o.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_ms);
   o.data_plane = FLAGS_data_plane;
+  o.shm_arena_mb = FLAGS_shm_arena_mb;
   o.heartbeat_misses = FLAGS_heartbeat_misses;
   return s;
 }
