@@ -128,7 +128,7 @@ PYBIND11_MODULE(_drpc, m) {
          const std::string& tls_cert, const std::string& tls_key, const std::string& tls_ca,
          const std::string& tls_server_name, double heartbeat_interval, int heartbeat_misses,
          const std::string& listen_host, const std::string& advertise_host, bool host_store,
-         const std::string& data_plane) {
+         const std::string& data_plane, int64_t shm_arena_mb) {
         Options options;
         options.master_addr = master_addr;
         options.master_port = master_port;
@@ -148,6 +148,7 @@ PYBIND11_MODULE(_drpc, m) {
         options.advertise_host = advertise_host;
         options.host_store = host_store;
         options.data_plane = data_plane;
+        options.shm_arena_mb = shm_arena_mb;
         py::gil_scoped_release nogil;
         init_rpc(name, rank, world_size, options);
       },
@@ -155,7 +156,8 @@ PYBIND11_MODULE(_drpc, m) {
       py::arg("rpc_timeout"), py::arg("init_timeout"), py::arg("num_worker_threads"), py::arg("token"),
       py::arg("tls_cert"), py::arg("tls_key"), py::arg("tls_ca"), py::arg("tls_server_name"),
       py::arg("heartbeat_interval"), py::arg("heartbeat_misses"), py::arg("listen_host"),
-      py::arg("advertise_host"), py::arg("host_store"), py::arg("data_plane") = "");
+      py::arg("advertise_host"), py::arg("host_store"), py::arg("data_plane") = "",
+      py::arg("shm_arena_mb") = 512);
   m.def("read_token", [](const std::string& file) { return read_token(file); }, py::arg("file") = "");
   m.def(
       "shutdown",

@@ -358,6 +358,16 @@ TEST(DefaultRuntime, ObjectsMadeOnItMayOutliveShutdown) {
   EXPECT_EQ(expect_error([&] { rpc_sync("solo", "aten::neg", {at::ones({1})}); }).kind(), ErrorKind::kShutdown);
 }
 
+TEST(RpcJob, ANegativeSharedMemoryArenaIsRefused) {
+  auto store = create_in_memory_store();
+  Options options;
+  options.store = store.get();
+  options.shm_arena_mb = -1;
+  Error e = expect_error([&] { Runtime::create("solo", 0, 1, options); });
+  EXPECT_EQ(e.kind(), ErrorKind::kBadArgument);
+  EXPECT_TRUE(contains(e.what(), "shm_arena_mb")) << e.what();
+}
+
 TEST(RpcJob, InvalidAndDuplicateNames) {
   auto store = create_in_memory_store();
   Options options;

@@ -52,12 +52,13 @@ class RpcBackendOptions:
         PEM files, all or none. heartbeat_interval (seconds, 0: off) x heartbeat_misses:
         how long a silent peer may be silent. data_plane: "auto" (UCX shared memory between
         workers on one host, gRPC between hosts), "ucx" or "grpc"; None: DRPC_DATA_PLANE, else auto.
+        shm_arena_mb: MiB of shared-memory arena per peer on this host for large tensors (0: none).
     """
 
     def __init__(self, init_method="env://", rpc_timeout=60.0, num_worker_threads=4, token_file=None,
                  tls_cert="", tls_key="", tls_ca="", tls_server_name="", heartbeat_interval=1.0,
                  heartbeat_misses=10, init_timeout=60.0, listen_host="127.0.0.1", advertise_host="",
-                 host_store=True, data_plane=None, **unsupported):
+                 host_store=True, data_plane=None, shm_arena_mb=512, **unsupported):
         if unsupported:
             # TensorPipe's device_maps, devices, _transports: CUDA and transports drpc picks itself.
             raise TypeError(f"RpcBackendOptions: unsupported options {sorted(unsupported)}")
@@ -73,6 +74,7 @@ class RpcBackendOptions:
         self.advertise_host = advertise_host
         self.host_store = host_store
         self.data_plane = data_plane
+        self.shm_arena_mb = shm_arena_mb
 
 
 TensorPipeRpcBackendOptions = RpcBackendOptions
@@ -154,7 +156,8 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
     _drpc.init_rpc(name, rank, world_size, host, port, float(options.rpc_timeout), float(options.init_timeout),
                    int(options.num_worker_threads), token, options.tls_cert, options.tls_key, options.tls_ca,
                    options.tls_server_name, float(options.heartbeat_interval), int(options.heartbeat_misses),
-                   options.listen_host, options.advertise_host, bool(options.host_store), options.data_plane or "")
+                   options.listen_host, options.advertise_host, bool(options.host_store), options.data_plane or "",
+                   int(options.shm_arena_mb))
 
 
 def shutdown(graceful=True, timeout=0):
