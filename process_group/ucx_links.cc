@@ -44,7 +44,6 @@ constexpr auto kSpin = std::chrono::milliseconds(1);
 // How long shutdown waits for sends in flight before it closes the links regardless.
 constexpr auto kCloseTimeout = std::chrono::milliseconds(500);
 
-
 std::string ucx_error(const std::string& what, ucs_status_t status) {
   return what + ": " + ucs_status_string(status);
 }
