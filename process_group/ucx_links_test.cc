@@ -502,7 +502,8 @@ TEST(UcxLinkMessages, ParseChecksPrefixSecretAndType) {
             std::string::npos);
   // A probe may offer the sender's arena, in exactly kArenaOfferBytes.
   const std::string offer(kArenaOfferBytes, 'o');
-  ASSERT_EQ(parse_problem(link_probe_with_arena(secret, offer), secret, &message), "");
+  const std::string probe = link_probe_with_arena(secret, offer);  // the parsed message points into it
+  ASSERT_EQ(parse_problem(probe, secret, &message), "");
   ASSERT_NE(message.arena_offer, nullptr);
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(message.arena_offer), kArenaOfferBytes), offer);
   EXPECT_NE(parse_problem(link_probe_with_arena(secret, offer + "x"), secret, &message).find("probe carries"),
