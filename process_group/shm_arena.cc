@@ -44,7 +44,7 @@ std::string errno_text(const std::string& what) { return what + ": " + std::stre
 
 }  // namespace
 
-std::unique_ptr<ShmArena> ShmArena::create(size_t size, std::string* why_not) {
+std::unique_ptr<ShmArena> ShmArena::create(size_t size, std::string* why_not, ReuseWait reuse_wait) {
   size = round_up(size, kBlockAlignment);
   if (size <= kArenaHeaderBytes + kBlockHeaderBytes) {
     *why_not = "an arena of " + std::to_string(size) + " bytes holds nothing";
@@ -75,11 +75,11 @@ std::unique_ptr<ShmArena> ShmArena::create(size_t size, std::string* why_not) {
   std::memcpy(&offer[0], &id32, sizeof(id32));
   std::memcpy(&offer[sizeof(id32)], &size64, sizeof(size64));
   std::memcpy(&offer[sizeof(id32) + sizeof(size64)], nonce.data(), kNonceBytes);
-  return std::unique_ptr<ShmArena>(new ShmArena(static_cast<uint8_t*>(base), size, std::move(offer)));
+  return std::unique_ptr<ShmArena>(new ShmArena(static_cast<uint8_t*>(base), size, std::move(offer), reuse_wait));
 }
 
-ShmArena::ShmArena(uint8_t* base, size_t size, std::string offer)
-    : base_(base), size_(size), offer_(std::move(offer)) {
+ShmArena::ShmArena(uint8_t* base, size_t size, std::string offer, ReuseWait reuse_wait)
+    : base_(base), size_(size), offer_(std::move(offer)), reuse_wait_(reuse_wait), used_end_(kArenaHeaderBytes) {
   free_[kArenaHeaderBytes] = size_ - kArenaHeaderBytes;
 }
 
@@ -88,20 +88,51 @@ ShmArena::~ShmArena() { shmdt(base_); }
 std::optional<uint64_t> ShmArena::allocate(size_t size) {
   if (size == 0 || size > size_) return std::nullopt;
   const uint64_t need = kBlockHeaderBytes + round_up(size, kBlockAlignment);
-  std::lock_guard<std::mutex> lock(mu_);
-  reclaim();  // first: the lowest blocks are reused, whose pages are already in memory
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < need) continue;
+  using std::chrono::steady_clock;
+  const int64_t mib = static_cast<int64_t>(need >> 20);
+  const std::chrono::nanoseconds wait_here = std::min(reuse_wait_.most, reuse_wait_.per_mib * mib);
+  const std::chrono::nanoseconds wait_in_all = reuse_wait_.in_all_per_mib * mib;
+  const auto start = steady_clock::now();
+  bool waited_here = false;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    reclaim();
+    // First fit: the lowest blocks are reused, whose pages are already in memory.
+    auto it = std::find_if(free_.begin(), free_.end(), [&](const auto& range) { return range.second >= need; });
+    if (it == free_.end()) return std::nullopt;
     const uint64_t block = it->first;
+    if (block + need > used_end_ && receiver_holds_a_block()) {
+      const auto now = steady_clock::now();
+      const auto waited = now - start;
+      if (waited < wait_here && waited_ + waited < wait_in_all) {
+        waited_here = true;
+        lock.unlock();  // the receiver's release needs no lock of ours, and other senders go on
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+        lock.lock();
+        continue;
+      }
+    }
     const uint64_t left = it->second - need;
     free_.erase(it);
     if (left > 0) free_[block + need] = left;
     sent_[block] = need;
+    if (block + need > used_end_) {
+      used_end_ = block + need;
+      waited_ = std::chrono::nanoseconds(0);
+    } else if (waited_here) {
+      waited_ += steady_clock::now() - start;
+    }
     *capacity_word(base_, block) = need - kBlockHeaderBytes;
     __atomic_store_n(state_word(base_, block), kBlockSent, __ATOMIC_RELEASE);
     return block + kBlockHeaderBytes;
   }
-  return std::nullopt;
+}
+
+bool ShmArena::receiver_holds_a_block() const {
+  for (const auto& [block, length] : sent_) {
+    if (__atomic_load_n(state_word(base_, block), __ATOMIC_ACQUIRE) == kBlockTaken) return true;
+  }
+  return false;
 }
 
 void ShmArena::unallocate(uint64_t offset) {

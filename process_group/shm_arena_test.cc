@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -21,9 +22,9 @@ struct ArenaAndMapping {
   std::unique_ptr<ShmArena> arena;
   std::shared_ptr<ArenaMapping> mapping;
 
-  explicit ArenaAndMapping(size_t size) {
+  explicit ArenaAndMapping(size_t size, ShmArena::ReuseWait reuse_wait = {}) {
     std::string why;
-    arena = ShmArena::create(size, &why);
+    arena = ShmArena::create(size, &why, reuse_wait);
     if (!arena) throw std::runtime_error("no arena: " + why);
     mapping = ArenaMapping::attach(reinterpret_cast<const uint8_t*>(arena->offer().data()), arena->offer().size(), &why);
     if (!mapping) throw std::runtime_error("no mapping: " + why);
@@ -73,6 +74,63 @@ TEST(ShmArena, AFullArenaRefusesUntilBlocksAreReleasedAndMerges) {
   second.reset();
   // Two neighbouring 1 MiB blocks make room for 2 MiB; the third is still held.
   EXPECT_EQ(pair.arena->allocate(2 * kMiB), blocks[0]);
+}
+
+// A 64 MiB echo's reply can come back before the receiver let go of the request's block: the
+// next request then waits for that block instead of using pages never used before.
+TEST(ShmArena, ABlockTheReceiverHoldsIsWaitedForBeforeNewPagesAreUsed) {
+  const ShmArena::ReuseWait patient{std::chrono::seconds(10), std::chrono::seconds(10), std::chrono::seconds(10)};
+  ArenaAndMapping pair(8 * kMiB, patient);
+  const auto block = pair.arena->allocate(kMiB);
+  ASSERT_TRUE(block.has_value());
+  std::string problem;
+  auto held = pair.mapping->take(*block, kMiB, &problem);
+  ASSERT_NE(held, nullptr) << problem;
+  std::thread receiver([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    held.reset();
+  });
+  EXPECT_EQ(pair.arena->allocate(kMiB), block);  // with new pages at once, the next block
+  receiver.join();
+}
+
+TEST(ShmArena, NewPagesAreUsedOnceTheWaitIsOverOrWhenNoReceiverHoldsABlock) {
+  {
+    const ShmArena::ReuseWait brief{std::chrono::microseconds(1), std::chrono::milliseconds(1), std::chrono::seconds(1)};
+    ArenaAndMapping pair(8 * kMiB, brief);
+    const auto block = pair.arena->allocate(kMiB);
+    ASSERT_TRUE(block.has_value());
+    std::string problem;
+    auto held = pair.mapping->take(*block, kMiB, &problem);  // and never released here
+    ASSERT_NE(held, nullptr) << problem;
+    const auto next = pair.arena->allocate(kMiB);
+    ASSERT_TRUE(next.has_value());
+    EXPECT_NE(next, block);
+  }
+  {
+    // A receiver that always lets go late: the waits together are bounded, then new pages.
+    const ShmArena::ReuseWait late{std::chrono::seconds(30), std::chrono::seconds(30), std::chrono::milliseconds(50)};
+    ArenaAndMapping pair(8 * kMiB, late);
+    const auto block = pair.arena->allocate(kMiB);
+    ASSERT_TRUE(block.has_value());
+    std::string problem;
+    auto held = pair.mapping->take(*block, kMiB, &problem);
+    ASSERT_NE(held, nullptr) << problem;
+    const auto start = std::chrono::steady_clock::now();
+    const auto next = pair.arena->allocate(kMiB);
+    ASSERT_TRUE(next.has_value());
+    EXPECT_NE(next, block);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  }
+  // Blocks sent and not yet taken are the sender's own message's: nothing to wait for.
+  const ShmArena::ReuseWait patient{std::chrono::seconds(30), std::chrono::seconds(30), std::chrono::seconds(30)};
+  ArenaAndMapping pair(8 * kMiB, patient);
+  const auto start = std::chrono::steady_clock::now();
+  const auto first = pair.arena->allocate(kMiB);
+  const auto second = pair.arena->allocate(kMiB);
+  ASSERT_TRUE(first.has_value() && second.has_value());
+  EXPECT_NE(first, second);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
 
 TEST(ShmArena, TakeRefusesWhatWasNotSentOrIsOutside) {

@@ -35,17 +35,23 @@ void LinkPieces::add_bytes(size_t size, const std::function<void(uint8_t*)>& fil
 void LinkPieces::add_tensor(const at::Tensor& tensor) {
   if (tensor.nbytes() == 0) return;
   reserve_head_segment();
-  tensors_.push_back(tensor);
   if (tensor.nbytes() >= kBodyBytes) {
+    body_tensors_.push_back(tensor);
     LinkBody body;
     body.offset = frames_bytes_;
     body.size = tensor.nbytes();
     bodies_.push_back(body);
     body_data_.push_back(tensor.data_ptr());
   } else {
+    tensors_.push_back(tensor);
     segments_.push_back(ucp_dt_iov_t{tensor.data_ptr(), tensor.nbytes()});
   }
   frames_bytes_ += tensor.nbytes();
+}
+
+void LinkPieces::drop_body_tensors() {
+  body_tensors_.clear();
+  body_data_.assign(body_data_.size(), nullptr);
 }
 
 void LinkPieces::add_head(std::string head) {
@@ -57,7 +63,7 @@ void LinkPieces::add_head(std::string head) {
 bool LinkPieces::make_contiguous() {
   size_t total = 0;
   for (const auto& s : segments_) total += s.length;
-  if (tensors_.size() != bodies_.size() || total > kContiguousBytes) return false;
+  if (!tensors_.empty() || total > kContiguousBytes) return false;
   contiguous_.resize(total);
   size_t at = 0;
   for (const auto& s : segments_) {

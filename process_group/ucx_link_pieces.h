@@ -31,12 +31,17 @@ class LinkPieces final : public FramePieces {
   // returns whether it did.
   bool make_contiguous();
 
+  // Lets go of the bodies' tensors once their bytes were copied elsewhere (an arena): what
+  // they are views of may be a block a peer waits to reuse.
+  void drop_body_tensors();
+
   // A small message costs a few allocations here (it is built for every call): the vector of
   // owned pieces allocates nothing until used, their buffers keep their place when it grows,
   // and the head is kept as given.
   std::vector<std::vector<uint8_t>> owned_;
   std::string head_;
-  std::vector<at::Tensor> tensors_;  // kept alive until sent
+  std::vector<at::Tensor> tensors_;  // in place in the head: kept alive until sent
+  std::vector<at::Tensor> body_tensors_;  // kept alive until sent, or dropped once copied
   std::vector<ucp_dt_iov_t> segments_;  // the head's first (once add_head is called), then the frames'
   std::vector<LinkBody> bodies_;  // their tags are set when the message is posted
   std::vector<void*> body_data_;

@@ -299,6 +299,7 @@ class Links final : public UcxLinks {
     if (op->may_use_arena && !pieces.bodies_.empty() && link.arena_in_use && !refusal(link)) {
       op->arena = link.arena.get();
       op->blocks = to_arena(pieces, *op->arena);
+      if (!op->blocks.empty()) pieces.drop_body_tensors();
     }
     const bool ucx_bodies = !pieces.bodies_.empty() && op->blocks.empty();
     try {
