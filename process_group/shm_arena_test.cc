@@ -76,61 +76,60 @@ TEST(ShmArena, AFullArenaRefusesUntilBlocksAreReleasedAndMerges) {
   EXPECT_EQ(pair.arena->allocate(2 * kMiB), blocks[0]);
 }
 
+// A 1 MiB block sent and taken by the receiver, which holds it until `held` is reset.
+struct HeldBlock {
+  uint64_t block = 0;
+  std::shared_ptr<uint8_t> held;
+};
+HeldBlock send_and_take(ArenaAndMapping& pair) {
+  const auto block = pair.arena->allocate(kMiB);
+  if (!block) throw std::runtime_error("no block");
+  std::string problem;
+  HeldBlock sent{*block, pair.mapping->take(*block, kMiB, &problem)};
+  if (!sent.held) throw std::runtime_error(problem);
+  return sent;
+}
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
 // A 64 MiB echo's reply can come back before the receiver let go of the request's block: the
 // next request then waits for that block instead of using pages never used before.
 TEST(ShmArena, ABlockTheReceiverHoldsIsWaitedForBeforeNewPagesAreUsed) {
-  const ShmArena::ReuseWait patient{std::chrono::seconds(10), std::chrono::seconds(10), std::chrono::seconds(10)};
-  ArenaAndMapping pair(8 * kMiB, patient);
-  const auto block = pair.arena->allocate(kMiB);
-  ASSERT_TRUE(block.has_value());
-  std::string problem;
-  auto held = pair.mapping->take(*block, kMiB, &problem);
-  ASSERT_NE(held, nullptr) << problem;
+  ArenaAndMapping pair(8 * kMiB, ShmArena::ReuseWait{seconds(10), seconds(10), seconds(10)});
+  HeldBlock sent = send_and_take(pair);
   std::thread receiver([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    held.reset();
+    std::this_thread::sleep_for(milliseconds(20));
+    sent.held.reset();
   });
-  EXPECT_EQ(pair.arena->allocate(kMiB), block);  // with new pages at once, the next block
+  EXPECT_EQ(pair.arena->allocate(kMiB), sent.block);  // with new pages at once, the next block
   receiver.join();
 }
 
-TEST(ShmArena, NewPagesAreUsedOnceTheWaitIsOverOrWhenNoReceiverHoldsABlock) {
-  {
-    const ShmArena::ReuseWait brief{std::chrono::microseconds(1), std::chrono::milliseconds(1), std::chrono::seconds(1)};
-    ArenaAndMapping pair(8 * kMiB, brief);
-    const auto block = pair.arena->allocate(kMiB);
-    ASSERT_TRUE(block.has_value());
-    std::string problem;
-    auto held = pair.mapping->take(*block, kMiB, &problem);  // and never released here
-    ASSERT_NE(held, nullptr) << problem;
-    const auto next = pair.arena->allocate(kMiB);
-    ASSERT_TRUE(next.has_value());
-    EXPECT_NE(next, block);
-  }
-  {
-    // A receiver that always lets go late: the waits together are bounded, then new pages.
-    const ShmArena::ReuseWait late{std::chrono::seconds(30), std::chrono::seconds(30), std::chrono::milliseconds(50)};
-    ArenaAndMapping pair(8 * kMiB, late);
-    const auto block = pair.arena->allocate(kMiB);
-    ASSERT_TRUE(block.has_value());
-    std::string problem;
-    auto held = pair.mapping->take(*block, kMiB, &problem);
-    ASSERT_NE(held, nullptr) << problem;
+// A receiver that keeps its block (or always lets go late): new pages after one call's wait,
+// or once the waits together reach their bound, whichever comes first.
+TEST(ShmArena, NewPagesAreUsedOnceTheWaitIsOver) {
+  for (const ShmArena::ReuseWait wait : {ShmArena::ReuseWait{std::chrono::microseconds(1), milliseconds(1), seconds(1)},
+                                         ShmArena::ReuseWait{seconds(30), seconds(30), milliseconds(50)}}) {
+    ArenaAndMapping pair(8 * kMiB, wait);
+    const HeldBlock sent = send_and_take(pair);
     const auto start = std::chrono::steady_clock::now();
     const auto next = pair.arena->allocate(kMiB);
     ASSERT_TRUE(next.has_value());
-    EXPECT_NE(next, block);
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+    EXPECT_NE(next, sent.block);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(20));
   }
-  // Blocks sent and not yet taken are the sender's own message's: nothing to wait for.
-  const ShmArena::ReuseWait patient{std::chrono::seconds(30), std::chrono::seconds(30), std::chrono::seconds(30)};
-  ArenaAndMapping pair(8 * kMiB, patient);
+}
+
+// Blocks sent and not yet taken are the sender's own message's: nothing to wait for.
+TEST(ShmArena, BlocksNotYetTakenAreNotWaitedFor) {
+  ArenaAndMapping pair(8 * kMiB, ShmArena::ReuseWait{seconds(30), seconds(30), seconds(30)});
   const auto start = std::chrono::steady_clock::now();
   const auto first = pair.arena->allocate(kMiB);
   const auto second = pair.arena->allocate(kMiB);
   ASSERT_TRUE(first.has_value() && second.has_value());
   EXPECT_NE(first, second);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(20));
 }
 
 TEST(ShmArena, TakeRefusesWhatWasNotSentOrIsOutside) {
