@@ -42,6 +42,19 @@ uint64_t* capacity_word(uint8_t* base, uint64_t block) { return reinterpret_cast
 
 std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
 
+// A ReuseWait's figure as nanoseconds, at most an hour: microseconds::max() means no limit,
+// and the arithmetic must not overflow.
+constexpr std::chrono::hours kLongestWait{1};
+std::chrono::nanoseconds to_wait(std::chrono::microseconds us) {
+  if (us <= std::chrono::microseconds(0)) return std::chrono::nanoseconds(0);
+  return us >= kLongestWait ? std::chrono::nanoseconds(kLongestWait) : std::chrono::nanoseconds(us);
+}
+std::chrono::nanoseconds scaled_wait(std::chrono::microseconds per_mib, int64_t mib) {
+  if (mib <= 0 || per_mib <= std::chrono::microseconds(0)) return std::chrono::nanoseconds(0);
+  if (per_mib >= std::chrono::microseconds(kLongestWait) / mib) return kLongestWait;
+  return to_wait(per_mib * mib);
+}
+
 }  // namespace
 
 std::unique_ptr<ShmArena> ShmArena::create(size_t size, std::string* why_not, ReuseWait reuse_wait) {
@@ -90,8 +103,8 @@ std::optional<uint64_t> ShmArena::allocate(size_t size) {
   const uint64_t need = kBlockHeaderBytes + round_up(size, kBlockAlignment);
   using std::chrono::steady_clock;
   const int64_t mib = static_cast<int64_t>(need >> 20);
-  const std::chrono::nanoseconds wait_here = std::min(reuse_wait_.most, reuse_wait_.per_mib * mib);
-  const std::chrono::nanoseconds wait_in_all = reuse_wait_.in_all_per_mib * mib;
+  const std::chrono::nanoseconds wait_here = std::min(to_wait(reuse_wait_.most), scaled_wait(reuse_wait_.per_mib, mib));
+  const std::chrono::nanoseconds wait_in_all = scaled_wait(reuse_wait_.in_all_per_mib, mib);
   const auto start = steady_clock::now();
   bool waited_here = false;
   std::unique_lock<std::mutex> lock(mu_);

@@ -96,14 +96,18 @@ using std::chrono::seconds;
 // A 64 MiB echo's reply can come back before the receiver let go of the request's block: the
 // next request then waits for that block instead of using pages never used before.
 TEST(ShmArena, ABlockTheReceiverHoldsIsWaitedForBeforeNewPagesAreUsed) {
-  ArenaAndMapping pair(8 * kMiB, ShmArena::ReuseWait{seconds(10), seconds(10), seconds(10)});
-  HeldBlock sent = send_and_take(pair);
-  std::thread receiver([&] {
-    std::this_thread::sleep_for(milliseconds(20));
-    sent.held.reset();
-  });
-  EXPECT_EQ(pair.arena->allocate(kMiB), sent.block);  // with new pages at once, the next block
-  receiver.join();
+  constexpr auto kNoLimit = std::chrono::microseconds::max();  // capped, never overflowing
+  for (const ShmArena::ReuseWait wait : {ShmArena::ReuseWait{seconds(10), seconds(10), seconds(10)},
+                                         ShmArena::ReuseWait{kNoLimit, kNoLimit, kNoLimit}}) {
+    ArenaAndMapping pair(8 * kMiB, wait);
+    HeldBlock sent = send_and_take(pair);
+    std::thread receiver([&] {
+      std::this_thread::sleep_for(milliseconds(20));
+      sent.held.reset();
+    });
+    EXPECT_EQ(pair.arena->allocate(kMiB), sent.block);  // with new pages at once, the next block
+    receiver.join();
+  }
 }
 
 // A receiver that keeps its block (or always lets go late): new pages after one call's wait,
