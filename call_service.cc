@@ -1,7 +1,5 @@
 #include "call_service.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <chrono>
 
@@ -65,13 +63,23 @@ FuturePtr CallService::rpc_async(const std::string& to, const std::string& fn, s
 // Waits on the reply itself and decodes it here: no hop through a callback thread. A quick
 // call's reply arrives within tens of microseconds: the caller polls for it that long,
 // yielding the core to any thread with work, before it sleeps (a sleeping thread's wake-up
-// costs about as much again on a busy 2-core machine).
+// costs about as much again on a busy 2-core machine); not while other work holds the cores
+// (SpinBackoff).
 c10::IValue CallService::rpc_sync(const std::string& to, const std::string& fn, std::vector<c10::IValue> args,
                                   Kwargs kwargs, std::chrono::milliseconds timeout) {
   ValueHooks hooks;
   FuturePtr reply = send(to, fn, args, kwargs, timeout, &hooks);
-  const auto poll_until = std::chrono::steady_clock::now() + kSyncReplyPoll;
-  while (!reply->completed() && std::chrono::steady_clock::now() < poll_until) sched_yield();
+  const auto start = std::chrono::steady_clock::now();
+  const auto poll_until = start + kSyncReplyPoll;
+  if (reply_poll_.may_spin(start)) {
+    while (!reply->completed()) {
+      if (std::chrono::steady_clock::now() >= poll_until) {
+        reply_poll_.quiet_window();
+        break;
+      }
+      if (!reply_poll_.yield()) break;
+    }
+  }
   reply->wait();
   return decode_result(message_from_ivalue(reply->value()), hooks);  // value() rethrows the call's error
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/spin_backoff.h"
 #include "dist_autograd/dist_autograd.h"
 #include "rpc/function_registry.h"
 #include "rpc/profiler.h"
@@ -58,6 +59,7 @@ class CallService {
   AutogradContainer& autograd_;
   FunctionRegistry& functions_;
   Tracer& tracer_;
+  SpinBackoff reply_poll_;  // rpc_sync's, shared by its callers
 };
 
 }  // namespace drpc
