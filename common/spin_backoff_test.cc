@@ -20,39 +20,32 @@ TEST(SpinBackoff, ShortYieldsNeverPausePolling) {
   EXPECT_TRUE(backoff.may_spin(t + microseconds(500)));
 }
 
+// A 4 ms yield at `t`, then checks that polling pauses for exactly `pause` after it; `t` moves
+// to the pause's end.
+void long_yield_pauses_for(SpinBackoff& backoff, Clock::time_point& t, milliseconds pause) {
+  EXPECT_FALSE(backoff.yielded(t, t + milliseconds(4)));
+  t += milliseconds(4);
+  EXPECT_FALSE(backoff.may_spin(t + pause - milliseconds(1))) << pause.count();
+  EXPECT_TRUE(backoff.may_spin(t + pause)) << pause.count();
+  t += pause;
+}
+
 TEST(SpinBackoff, ALongYieldPausesPollingAndEachLongYieldAfterAPauseDoublesIt) {
   SpinBackoff backoff;
   auto t = Clock::now();
-  EXPECT_FALSE(backoff.yielded(t, t + milliseconds(4)));
-  t += milliseconds(4);
-  EXPECT_FALSE(backoff.may_spin(t + milliseconds(9)));
-  EXPECT_TRUE(backoff.may_spin(t + milliseconds(10)));
-  t += milliseconds(10);
-  EXPECT_FALSE(backoff.yielded(t, t + milliseconds(4)));  // still busy: 20 ms
-  t += milliseconds(4);
-  EXPECT_FALSE(backoff.may_spin(t + milliseconds(19)));
-  EXPECT_TRUE(backoff.may_spin(t + milliseconds(20)));
-  for (int i = 0; i < 20; ++i) {
-    t += std::chrono::seconds(2);
-    EXPECT_FALSE(backoff.yielded(t, t + milliseconds(4)));
-    t += milliseconds(4);
-  }
-  EXPECT_FALSE(backoff.may_spin(t + milliseconds(999)));  // at most a second
-  EXPECT_TRUE(backoff.may_spin(t + milliseconds(1000)));
+  long_yield_pauses_for(backoff, t, milliseconds(10));
+  long_yield_pauses_for(backoff, t, milliseconds(20));  // still busy
+  for (int i = 0; i < 20; ++i) EXPECT_FALSE(backoff.yielded(t, t + milliseconds(4)));
+  long_yield_pauses_for(backoff, t, milliseconds(1000));  // at most a second
 }
 
 TEST(SpinBackoff, AQuietWindowStartsThePausesOver) {
   SpinBackoff backoff;
   auto t = Clock::now();
-  EXPECT_FALSE(backoff.yielded(t, t + milliseconds(4)));
-  t += milliseconds(20);
-  EXPECT_FALSE(backoff.yielded(t, t + milliseconds(4)));  // 20 ms
-  t += milliseconds(40);
+  long_yield_pauses_for(backoff, t, milliseconds(10));
+  long_yield_pauses_for(backoff, t, milliseconds(20));
   backoff.quiet_window();
-  EXPECT_FALSE(backoff.yielded(t, t + milliseconds(4)));
-  t += milliseconds(4);
-  EXPECT_FALSE(backoff.may_spin(t + milliseconds(9)));
-  EXPECT_TRUE(backoff.may_spin(t + milliseconds(10)));  // 10 ms again
+  long_yield_pauses_for(backoff, t, milliseconds(10));
 }
 
 }  // namespace
