@@ -69,17 +69,7 @@ c10::IValue CallService::rpc_sync(const std::string& to, const std::string& fn, 
                                   Kwargs kwargs, std::chrono::milliseconds timeout) {
   ValueHooks hooks;
   FuturePtr reply = send(to, fn, args, kwargs, timeout, &hooks);
-  const auto start = std::chrono::steady_clock::now();
-  const auto poll_until = start + kSyncReplyPoll;
-  if (reply_poll_.may_spin(start)) {
-    while (!reply->completed()) {
-      if (std::chrono::steady_clock::now() >= poll_until) {
-        reply_poll_.quiet_window();
-        break;
-      }
-      if (!reply_poll_.yield()) break;
-    }
-  }
+  reply_poll_.poll(std::chrono::steady_clock::now() + kSyncReplyPoll, [&] { return reply->completed(); });
   reply->wait();
   return decode_result(message_from_ivalue(reply->value()), hooks);  // value() rethrows the call's error
 }

@@ -51,6 +51,23 @@ class SpinBackoff {
     return false;
   }
 
+  // Polls until `done` returns true (then true), yielding the core between polls; false once
+  // `until` passed (a quiet window), after a long yield, or at once while polling is paused.
+  // Thread-safe.
+  template <typename Done>
+  bool poll(Clock::time_point until, const Done& done) {
+    while (!done()) {
+      const auto now = Clock::now();
+      if (!may_spin(now)) return false;
+      if (now >= until) {
+        quiet_window();
+        return false;
+      }
+      if (!yield()) return false;
+    }
+    return true;
+  }
+
   // A polling window ended without a long yield: the next pause is the first again.
   // Thread-safe.
   void quiet_window() {

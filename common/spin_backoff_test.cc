@@ -48,5 +48,16 @@ TEST(SpinBackoff, AQuietWindowStartsThePausesOver) {
   long_yield_pauses_for(backoff, t, milliseconds(10));
 }
 
+TEST(SpinBackoff, PollStopsWhenDoneOrAtOnceWhilePaused) {
+  SpinBackoff backoff;
+  int polls = 0;
+  EXPECT_TRUE(backoff.poll(Clock::now() + std::chrono::hours(1), [&] { return ++polls == 1; }));
+  const auto later = Clock::now() + std::chrono::hours(1);
+  EXPECT_FALSE(backoff.yielded(later, later + milliseconds(4)));  // paused until after `later`
+  polls = 0;
+  EXPECT_FALSE(backoff.poll(Clock::now() + std::chrono::hours(1), [&] { return ++polls > 1; }));
+  EXPECT_EQ(polls, 1);
+}
+
 }  // namespace
 }  // namespace drpc

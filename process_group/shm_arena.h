@@ -37,9 +37,9 @@ namespace drpc {
 // How long ShmArena::allocate may wait for a block the receiver holds rather than use pages
 // never used before: per MiB of the block and at most, in one call (one block); and per MiB of
 // the block in all the calls that waited since the arena last took new pages. Each is capped
-// at an hour. New pages cost about
-// 0.9 ms per MiB here (both processes fault on each): the waits together stay under half of
-// that, so a receiver that always lets go late costs a few waits, then new pages once.
+// at an hour. New pages cost about 0.9 ms per MiB here (both processes fault on each): the
+// waits together stay under half of that, so a receiver that always lets go late costs a few
+// waits, then new pages once.
 struct ArenaReuseWait {
   std::chrono::microseconds per_mib{100};
   std::chrono::microseconds most{5000};

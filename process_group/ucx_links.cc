@@ -5,14 +5,12 @@
 #include <glog/logging.h>
 #include <sys/epoll.h>
 #include <ucp/api/ucp.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <deque>
-#include <fstream>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
@@ -468,27 +466,14 @@ class Links final : public UcxLinks {
   }
 
   void progress_loop() {
-    auto last_activity = Clock::now();
     SpinBackoff backoff;
-    bool spun = false;  // since the last activity, and every yield was short
     while (!stop_progress_) {
-      if (poll_once()) {
-        last_activity = Clock::now();
-        spun = false;
-        continue;
-      }
-      const auto now = Clock::now();
-      if (now - last_activity < kSpin && backoff.may_spin(now)) {
-        spun = backoff.yield();
-        continue;
-      }
-      if (spun && now - last_activity >= kSpin) backoff.quiet_window();
-      spun = false;
+      // Polls for kSpin after the last activity (or wake-up), then sleeps.
+      if (backoff.poll(Clock::now() + kSpin, [this] { return poll_once() || stop_progress_; })) continue;
       // Senders signal once this is set; a send posted before it is seen by this last poll.
       progress_sleeping_ = true;
       if (poll_once()) {
         progress_sleeping_ = false;
-        last_activity = Clock::now();
         continue;
       }
       const ucs_status_t status = ucp_worker_arm(worker_);
@@ -503,7 +488,6 @@ class Links final : public UcxLinks {
       epoll_event event{};
       epoll_wait(epoll_fd_, &event, 1, -1);  // shutdown wakes it with ucp_worker_signal
       progress_sleeping_ = false;
-      last_activity = Clock::now();
     }
   }
 
@@ -592,37 +576,6 @@ class Links final : public UcxLinks {
 };
 
 }  // namespace
-
-DataPlane parse_data_plane(const std::string& name) {
-  if (name == "auto") return DataPlane::kAuto;
-  if (name == "ucx") return DataPlane::kUcx;
-  if (name == "grpc") return DataPlane::kGrpc;
-  throw Error(ErrorKind::kBadArgument, "unknown data plane '" + name + "' (expected auto, ucx or grpc)");
-}
-
-const char* data_plane_name(DataPlane plane) {
-  switch (plane) {
-    case DataPlane::kAuto:
-      return "auto";
-    case DataPlane::kUcx:
-      return "ucx";
-    case DataPlane::kGrpc:
-      return "grpc";
-  }
-  return "?";
-}
-
-std::string this_host_id() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  std::string boot_id;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
-  // Processes in other network namespaces (other containers) count as other hosts: they
-  // usually cannot share memory with us, and are meant to be reached over their network.
-  char net[64] = {};
-  const ssize_t n = readlink("/proc/self/ns/net", net, sizeof(net) - 1);
-  return std::string(host) + "/" + boot_id + "/" + (n > 0 ? std::string(net, n) : std::string());
-}
 
 std::unique_ptr<UcxLinks> create_ucx_links(int rank, int size, DataPlane plane, UcxLinkSink& sink,
                                            std::string* why_not, size_t arena_bytes) {

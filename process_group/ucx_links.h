@@ -21,26 +21,12 @@
 #include <vector>
 
 #include "common/error.h"
+#include "process_group/data_plane.h"
 #include "process_group/proto/frame.pb.h"
 #include "process_group/transport.h"
 #include "process_group/ucx_link_message.h"
 
 namespace drpc {
-
-// Which link carries frames between two ranks (Options::data_plane, DRPC_DATA_PLANE).
-enum class DataPlane {
-  kAuto,  // UCX shared memory for peers on this host, gRPC for the others
-  kUcx,   // UCX for every peer, across hosts on UCX's TCP or RDMA (unencrypted)
-  kGrpc,  // gRPC only
-};
-
-// "auto", "ucx" or "grpc"; throws kBadArgument naming any other value.
-DataPlane parse_data_plane(const std::string& name);
-const char* data_plane_name(DataPlane plane);
-
-// Identifies this host (its name, boot and network namespace): peers with the same id may
-// share memory.
-std::string this_host_id();
 
 // Where the links deliver what arrives. Called on the progress thread, in order per source;
 // must not block for long.
